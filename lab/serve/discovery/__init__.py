@@ -1,0 +1,11 @@
+"""Worker discovery: a small registry interface and its implementations.
+
+`open_registry("file:DIR")` returns the embedded default. Callers only use `Registry`, so a
+networked store (etcd) can be added without touching them.
+"""
+
+from __future__ import annotations
+
+from lab.serve.discovery.base import Registry, WorkerRecord, open_registry
+
+__all__ = ["Registry", "WorkerRecord", "open_registry"]

@@ -1,0 +1,43 @@
+"""Defaults of the serving path, defined once. The launcher and the CLIs read them from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "mocker-model"
+ROLES = ("aggregated", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class SocketSettings:
+    """The socket behaviour the Nagle experiments toggle, each setting on its own.
+
+    client_nodelay: TCP_NODELAY on the frontend's request-plane client sockets.
+    server_nodelay: TCP_NODELAY on the sidecar's accepted request-plane sockets.
+    split_writes:   send a request frame as two writes (header, then body) instead of one.
+    pool_size:      persistent request-plane connections per worker.
+    http_nodelay:   TCP_NODELAY on the frontend's accepted HTTP client connections.
+    """
+
+    client_nodelay: bool = True
+    server_nodelay: bool = True
+    split_writes: bool = False
+    pool_size: int = 2
+    http_nodelay: bool = True
+
+
+@dataclass(frozen=True)
+class DiscoveryTiming:
+    heartbeat_s: float = 1.0
+    ttl_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class SidecarTiming:
+    grace_period_s: float = 5.0
+    inflight_timeout_s: float = 30.0
+    startup_deadline_s: float = 120.0
+    connect_attempt_timeout_s: float = 30.0
+    retry_interval_s: float = 1.0
+    load_poll_s: float = 1.0
+    stale_load_s: float = 30.0

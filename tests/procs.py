@@ -1,0 +1,98 @@
+"""Real processes for tests: start in their own process group, log to a file, wait for the
+ready line, and always kill the whole group at teardown (see the `spawn` fixture in conftest)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.wire.ready import parse_ready
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    ready: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return self.ready["listen"]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log().splitlines():
+                fields = parse_ready(line)
+                if fields:
+                    self.ready = fields
+                    return fields
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.popen.returncode} before ready:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.log()[-3000:]}")
+
+    def wait_log(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{text!r} not in {self.name}'s log:\n{self.log()[-3000:]}")
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the group, then SIGKILL what is left; returns the exit code."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            return self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Proc:
+    """Start `argv` (a list; "python" is replaced by this interpreter) in its own process group."""
+    if argv and argv[0] == "python":
+        argv = [sys.executable, *argv[1:]]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    popen = subprocess.Popen(
+        argv,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
+    log_file.close()
+    return Proc(name=name, popen=popen, log_path=log_path)
