@@ -60,10 +60,15 @@ class Registry(abc.ABC):
 
 
 def open_registry(spec: str, **options: Any) -> Registry:
-    """`file:DIR` (the default store). Raises ValueError naming the spec when it is not understood."""
+    """`file:DIR` (the default store) or `etcd://HOST:PORT[/prefix]`. Raises ValueError naming
+    the spec when it is not understood."""
     scheme, sep, rest = spec.partition(":")
     if scheme == "file" and sep and rest:
         from lab.serve.discovery.file_store import FileRegistry
 
         return FileRegistry(rest, **options)
-    raise ValueError(f"--discovery {spec!r}: expected file:DIR")
+    if scheme == "etcd" and sep:
+        from lab.serve.discovery.etcd_store import EtcdRegistry
+
+        return EtcdRegistry.from_spec(spec, **options)
+    raise ValueError(f"--discovery {spec!r}: expected file:DIR or etcd://HOST:PORT[/prefix]")

@@ -1,0 +1,183 @@
+"""Turn one response's raw SSE events (stamped on arrival) into a requests.parquet record.
+
+The client stamps each complete SSE event with the arrival time of the bytes that completed it
+and keeps the raw bytes; this module parses them afterwards (orjson), so the hot path per chunk
+is one clock read and one append.
+
+A chunk counts as a token chunk only if it carries content: non-empty `text` (completions),
+non-empty `delta.content` (chat), or non-empty `token_ids`. Role-only and usage-only chunks
+are not tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+
+@dataclass
+class RawResponse:
+    """What the client captured for one request, before parsing."""
+
+    sent_ns: int
+    status: int | None = None
+    times: list[int] = field(default_factory=list)  # arrival ns of each complete SSE event
+    events: list[bytes] = field(default_factory=list)  # the raw event bytes (may hold several lines)
+    done_ns: int | None = None  # stream fully read (EOF)
+    body: bytes | None = None  # non-200 or non-streaming response body
+    error_kind: str | None = None
+    error_message: str | None = None
+
+
+def error_message_from_body(body: bytes | None, limit: int = 500) -> str:
+    """The `error.message` of an OpenAI error body, else the body text (truncated)."""
+    if not body:
+        return ""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:limit].decode(errors="replace")
+    if isinstance(obj, dict):
+        err = obj.get("error")
+        if isinstance(err, dict):
+            msg = str(err.get("message") or "")
+            kind = err.get("type") or err.get("code")
+            return f"{kind}: {msg}" if kind else msg
+        if isinstance(err, str):
+            return err
+        if "detail" in obj:
+            return str(obj["detail"])[:limit]
+    return body[:limit].decode(errors="replace")
+
+
+def _content(choice: dict) -> bool:
+    text = choice.get("text")
+    if text:
+        return True
+    delta = choice.get("delta")
+    if delta and (delta.get("content") or delta.get("token_ids")):
+        return True
+    return bool(choice.get("token_ids"))
+
+
+def _absorb(obj: dict, out: dict) -> bool:
+    """Fold one parsed chunk into `out`; return True if it carries content."""
+    if out.get("response_id") is None and obj.get("id"):
+        out["response_id"] = obj["id"]
+    err = obj.get("error")
+    if err:
+        out["error_kind"] = "stream_error"
+        out["error_message"] = (
+            error_message_from_body(orjson.dumps({"error": err})) if isinstance(err, dict) else str(err)
+        )
+    has_content = False
+    for choice in obj.get("choices") or ():
+        if _content(choice):
+            has_content = True
+        if choice.get("finish_reason"):
+            out["finish_reason"] = choice["finish_reason"]
+    usage = obj.get("usage")
+    if usage:
+        out["_usage"] = usage
+    nvext = obj.get("nvext")
+    if nvext:
+        wid = nvext.get("worker_id")
+        if isinstance(wid, dict):
+            out["prefill_worker_id"] = wid.get("prefill_worker_id") or out.get("prefill_worker_id")
+            out["decode_worker_id"] = wid.get("decode_worker_id") or out.get("decode_worker_id")
+        elif isinstance(wid, str):
+            out["decode_worker_id"] = wid
+    return has_content
+
+
+def parse_response(raw: RawResponse, streaming: bool) -> dict:
+    """The measured fields of one request (the per-request columns the client owns)."""
+    out: dict = {
+        "sent_ns": raw.sent_ns,
+        "http_status": raw.status,
+        "response_id": None,
+        "finish_reason": None,
+        "prefill_worker_id": None,
+        "decode_worker_id": None,
+        "error_kind": raw.error_kind,
+        "error_message": raw.error_message,
+    }
+    chunk_times: list[int] = []
+    saw_done = False
+    if streaming and raw.status == 200:
+        for t, ev in zip(raw.times, raw.events, strict=True):
+            is_error_event = False
+            for line in ev.split(b"\n"):
+                if line.startswith(b"data:"):
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        saw_done = True
+                        continue
+                    if not payload:
+                        continue
+                    try:
+                        obj = orjson.loads(payload)
+                    except orjson.JSONDecodeError:
+                        out["error_kind"] = out["error_kind"] or "protocol"
+                        out["error_message"] = out["error_message"] or (
+                            f"unparsable SSE data: {payload[:200].decode(errors='replace')}"
+                        )
+                        continue
+                    if not isinstance(obj, dict):
+                        continue
+                    if is_error_event and "error" not in obj:
+                        obj = {"error": obj}
+                    if _absorb(obj, out):
+                        chunk_times.append(t)
+                elif line.startswith(b"event:") and b"error" in line:
+                    is_error_event = True
+        if out["error_kind"] is None and raw.error_kind is None and not saw_done:
+            out["error_kind"] = "incomplete"
+            out["error_message"] = "stream ended without [DONE]"
+    elif raw.status == 200 and raw.body is not None:
+        try:
+            obj = orjson.loads(raw.body)
+        except orjson.JSONDecodeError:
+            obj = None
+            out["error_kind"] = "protocol"
+            out["error_message"] = "unparsable JSON response"
+        if isinstance(obj, dict) and _absorb(obj, out) and raw.done_ns is not None:
+            chunk_times.append(raw.done_ns)
+    elif raw.status is not None and raw.status != 200 and out["error_kind"] is None:
+        out["error_kind"] = f"http_{raw.status}"
+        out["error_message"] = error_message_from_body(raw.body)
+
+    usage = out.pop("_usage", None) or {}
+    n_chunks = len(chunk_times)
+    completion = usage.get("completion_tokens")
+    if completion is not None:
+        out["output_tokens"] = int(completion)
+        out["output_tokens_source"] = "usage"
+    else:
+        out["output_tokens"] = n_chunks
+        out["output_tokens_source"] = "chunks"
+    prompt = usage.get("prompt_tokens")
+    out["input_tokens"] = int(prompt) if prompt is not None else None
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None:
+        cached = usage.get("cached_tokens")
+    out["cached_tokens"] = int(cached) if cached is not None else None
+    out["chunks"] = n_chunks
+    out["tokens_per_chunk"] = out["output_tokens"] / n_chunks if n_chunks else None
+    out["chunk_times_ns"] = chunk_times
+    out["first_ns"] = chunk_times[0] if chunk_times else None
+    out["end_ns"] = chunk_times[-1] if chunk_times else None
+    out["done_ns"] = raw.done_ns
+    sent = raw.sent_ns
+    if chunk_times:
+        out["ttft_ms"] = (chunk_times[0] - sent) / 1e6
+        out["latency_ms"] = (chunk_times[-1] - sent) / 1e6
+        out["ttst_ms"] = (chunk_times[1] - chunk_times[0]) / 1e6 if n_chunks > 1 else None
+        toks = out["output_tokens"]
+        out["itl_ms"] = (out["latency_ms"] - out["ttft_ms"]) / (toks - 1) if toks > 1 else None
+    else:
+        out["ttft_ms"] = out["latency_ms"] = out["ttst_ms"] = out["itl_ms"] = None
+    out["ok"] = out["error_kind"] is None
+    return out

@@ -1,0 +1,158 @@
+"""Synthetic OpenAI request bodies: exactly ISL prompt tokens, exactly OSL output tokens.
+
+Prompts are built for the frontend's default tokenizer (one token per whitespace-separated
+word; `<token:N>` is token N), so the frontend sees exactly `isl` prompt tokens:
+
+- ``prompt_kind="token_ids"``: the prompt is a list of token ids in [1000, 31999];
+- ``prompt_kind="words"``: the prompt is a string of `isl` words (`<token:N>` words, so every
+  word is one token under the default tokenizer and the ids are the same as the token-id form).
+
+Output length is pinned with ``max_tokens = min_tokens = osl`` and ``ignore_eos``. Lengths may
+vary (normal distribution, clipped to >= 1) with ``isl_stddev`` / ``osl_stddev``. A shared prefix of
+``shared_prefix`` tokens (the same for every request of a run with this seed) gives prefix-cache hits.
+
+Everything is deterministic for (spec.seed, level_seed, index): the same sweep sends the same bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import overload
+
+TOKEN_ID_MIN = 1000
+TOKEN_ID_MAX = 31999
+PROMPT_KINDS = ("token_ids", "words")
+ENDPOINTS = ("completions", "chat")
+# nvext fields asked of the frontend: prefill/decode worker ids on the finishing chunk.
+NVEXT_EXTRA_FIELDS = ["worker_id"]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    isl: int = 136
+    osl: int = 128
+    isl_stddev: float = 0.0
+    osl_stddev: float = 0.0
+    seed: int = 0
+    shared_prefix: int = 0
+    prompt_kind: str = "token_ids"  # "token_ids" | "words"
+    stream: bool = True
+    endpoint: str = "completions"  # "completions" | "chat" (chat always sends word prompts)
+
+    def __post_init__(self) -> None:
+        if self.isl < 1:
+            raise ValueError(f"isl must be >= 1 (got {self.isl})")
+        if self.osl < 1:
+            raise ValueError(f"osl must be >= 1 (got {self.osl})")
+        if self.isl_stddev < 0 or self.osl_stddev < 0:
+            raise ValueError("isl_stddev and osl_stddev must be >= 0")
+        if self.shared_prefix < 0:
+            raise ValueError(f"shared_prefix must be >= 0 (got {self.shared_prefix})")
+        if self.prompt_kind not in PROMPT_KINDS:
+            raise ValueError(f"prompt_kind must be one of {PROMPT_KINDS} (got {self.prompt_kind!r})")
+        if self.endpoint not in ENDPOINTS:
+            raise ValueError(f"endpoint must be one of {ENDPOINTS} (got {self.endpoint!r})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def endpoint_path(spec: WorkloadSpec) -> str:
+    return "/v1/chat/completions" if spec.endpoint == "chat" else "/v1/completions"
+
+
+def _length(rng: random.Random, mean: int, stddev: float) -> int:
+    if stddev <= 0:
+        return mean
+    return max(1, round(rng.gauss(mean, stddev)))
+
+
+def _shared_prefix_ids(spec: WorkloadSpec) -> list[int]:
+    rng = random.Random(f"prefix/{spec.seed}")
+    return [rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(spec.shared_prefix)]
+
+
+def prompt_ids(spec: WorkloadSpec, level_seed: int, index: int, prefix: list[int] | None = None) -> list[int]:
+    """The prompt token ids of request `index` (length isl, or drawn around it)."""
+    rng = random.Random(f"req/{spec.seed}/{level_seed}/{index}")
+    isl = _length(rng, spec.isl, spec.isl_stddev)
+    if prefix is None:
+        prefix = _shared_prefix_ids(spec)
+    head = prefix[:isl]
+    return head + [rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(isl - len(head))]
+
+
+def output_len(spec: WorkloadSpec, level_seed: int, index: int) -> int:
+    rng = random.Random(f"osl/{spec.seed}/{level_seed}/{index}")
+    return _length(rng, spec.osl, spec.osl_stddev)
+
+
+def ids_to_words(ids: list[int]) -> str:
+    """Word form of token ids for the default tokenizer: one `<token:N>` word per token."""
+    return " ".join(f"<token:{i}>" for i in ids)
+
+
+def build_body(spec: WorkloadSpec, model: str, level_seed: int, index: int,
+               prefix: list[int] | None = None) -> dict:
+    """One OpenAI request body (deterministic)."""
+    ids = prompt_ids(spec, level_seed, index, prefix)
+    osl = output_len(spec, level_seed, index)
+    body: dict = {"model": model}
+    if spec.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": ids_to_words(ids)}]
+    elif spec.prompt_kind == "words":
+        body["prompt"] = ids_to_words(ids)
+    else:
+        body["prompt"] = ids
+    body.update(
+        max_tokens=osl,
+        min_tokens=osl,
+        ignore_eos=True,
+        stream=spec.stream,
+        nvext={"extra_fields": list(NVEXT_EXTRA_FIELDS)},
+    )
+    if spec.stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+class RequestSet(Sequence[dict]):
+    """A lazy, picklable, deterministic sequence of request bodies (for long or timed levels).
+
+    Bodies are built on access, so `RequestSet(spec, model, level_seed, 10**9)` costs nothing
+    until requests are drawn from it.
+    """
+
+    def __init__(self, spec: WorkloadSpec, model: str, level_seed: int, n: int) -> None:
+        self.spec = spec
+        self.model = model
+        self.level_seed = level_seed
+        self.n = n
+        self._prefix = _shared_prefix_ids(spec)
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> dict: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict]: ...
+    def __getitem__(self, i: int | slice) -> dict | list[dict]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return build_body(self.spec, self.model, self.level_seed, i, self._prefix)
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(self.n):
+            yield self[i]
+
+
+def build_requests(spec: WorkloadSpec, model: str, n: int, level_seed: int) -> list[dict]:
+    """`n` OpenAI request bodies for one level, deterministic for (spec.seed, level_seed)."""
+    return list(RequestSet(spec, model, level_seed, n))

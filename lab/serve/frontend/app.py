@@ -1,0 +1,347 @@
+"""The aiohttp application: OpenAI endpoints, health, metrics.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /live, GET /metrics, GET /debug/conn (this connection's TCP_NODELAY, for tests and the
+Nagle experiments).
+
+Streaming responses send their headers together with the first event, so an error that
+happens before the first token (no worker, invalid request found by the engine, ...) still gets
+its proper HTTP status; after that, an error becomes an SSE error event followed by [DONE].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+import uuid
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS, FrontendConfig
+from lab.serve.frontend.dispatch import Dispatcher, Trace
+from lab.serve.frontend.encode import (
+    DONE,
+    SSE_HEADERS,
+    Logprobs,
+    StreamEncoder,
+    full_response,
+    nvext_obj,
+    usage_obj,
+)
+from lab.serve.frontend.errors import ApiError
+from lab.serve.frontend.metrics import FrontendMetrics
+from lab.serve.frontend.protocol import GenRequest, parse_chat, parse_completion
+from lab.serve.frontend.workers import WorkerSet
+from lab.serve.tokenizer import Tokenizer
+
+log = logging.getLogger("lab.frontend")
+
+_CLIENT_GONE = (ConnectionResetError, ConnectionError)
+
+
+def _outcome(status: int) -> str:
+    if status < 400:
+        return "success"
+    if status == 404:
+        return "not_found"
+    if status == 499:
+        return "cancelled"
+    if status == 503:
+        return "unavailable"
+    if status < 500:
+        return "invalid"
+    return "engine_error"
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(exc: ApiError) -> web.Response:
+    return web.Response(body=exc.json_bytes(), status=exc.status, content_type="application/json")
+
+
+class FrontendApp:
+    def __init__(
+        self,
+        config: FrontendConfig,
+        workers: WorkerSet,
+        dispatcher: Dispatcher,
+        tokenizer: Tokenizer,
+        metrics: FrontendMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.workers = workers
+        self.dispatcher = dispatcher
+        self.tokenizer = tokenizer
+        self.metrics = metrics or FrontendMetrics()
+        self.started = int(time.time())
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/live", self.live)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get("/debug/conn", self.debug_conn)
+        return app
+
+    # --- plain endpoints -----------------------------------------------------------------------
+
+    def served_models(self) -> list[str]:
+        models = set(self.workers.models())
+        models.add(self.config.model_name)
+        return sorted(models)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m, "object": "model", "created": self.started, "owned_by": "loadlab"}
+            for m in self.served_models()
+        ]
+        return _json({"object": "list", "data": data})
+
+    def healthy(self) -> tuple[bool, dict[str, int]]:
+        counts = self.workers.counts()
+        if self.config.expect:
+            ok = all(counts.get(role, 0) >= n for role, n in self.config.expect.items())
+        else:
+            ok = sum(counts.values()) >= 1
+        return ok, counts
+
+    async def health(self, request: web.Request) -> web.Response:
+        ok, counts = self.healthy()
+        body = {
+            "status": "healthy" if ok else "unhealthy",
+            "workers": counts,
+            "expect": self.config.expect or {"any": 1},
+        }
+        return _json(body, 200 if ok else 503)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return _json({"status": "live"})
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        text = self.metrics.render(
+            self.workers.counts(), [(w.worker_id, w.inflight) for w in self.workers.all()]
+        )
+        return web.Response(
+            text=text,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
+
+    async def debug_conn(self, request: web.Request) -> web.Response:
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return _json({"tcp_nodelay": None})
+        value = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        return _json(
+            {
+                "tcp_nodelay": int(bool(value)),
+                "peer": list(request.transport.get_extra_info("peername") or []),
+            }
+        )
+
+    # --- generation ----------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completions")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _read_json(self, request: web.Request) -> Any:
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise ApiError(
+                413,
+                f"request body of {length} bytes exceeds the limit of {limit} bytes",
+                code="body_too_large",
+            )
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(
+                413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+            ) from None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+
+    def _parse(self, body: Any, endpoint: str) -> GenRequest:
+        if endpoint == "chat":
+            req = parse_chat(body, self.tokenizer)
+        else:
+            req = parse_completion(body, self.tokenizer, DEFAULT_COMPLETIONS_MAX_TOKENS)
+        if req.model != self.config.model_name and req.model not in self.workers.models():
+            raise ApiError(
+                404,
+                f"model {req.model!r} does not exist; served: {', '.join(self.served_models())}",
+                param="model",
+                code="model_not_found",
+            )
+        return req
+
+    async def _generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        trace = Trace(uuid.uuid4().hex, time.perf_counter_ns(), time.time() * 1000.0)
+        metrics = self.metrics
+        metrics.inflight += 1
+        req: GenRequest | None = None
+        try:
+            try:
+                req = self._parse(await self._read_json(request), endpoint)
+            except ApiError as exc:
+                trace.status = exc.status
+                return _error(exc)
+            if req.stream:
+                return await self._stream(request, req, trace)
+            return await self._unary(request, req, trace)
+        except asyncio.CancelledError:
+            trace.status = 499
+            raise
+        finally:
+            if not trace.end_ns:
+                trace.end_ns = time.perf_counter_ns()
+            metrics.inflight -= 1
+            if trace.outcome == "success":
+                trace.outcome = _outcome(trace.status)
+            metrics.finished(endpoint, trace.outcome, trace.decode_worker_id, trace.tokens)
+            self._log(endpoint, req, trace)
+
+    @staticmethod
+    def _log(endpoint: str, req: GenRequest | None, trace: Trace) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        ttft = (trace.first_token_ns - trace.received_ns) / 1e6 if trace.first_token_ns else -1.0
+        log.info(
+            "request id=%s endpoint=%s status=%d outcome=%s prefill_worker=%s decode_worker=%s "
+            "prompt_tokens=%d completion_tokens=%d ttft_ms=%.2f total_ms=%.2f migrations=%d",
+            trace.request_id,
+            endpoint,
+            trace.status,
+            trace.outcome,
+            trace.prefill_worker_id or "-",
+            trace.decode_worker_id or "-",
+            len(req.token_ids) if req else 0,
+            trace.tokens,
+            ttft,
+            (trace.end_ns - trace.received_ns) / 1e6,
+            trace.migrations,
+        )
+
+    async def _stream(
+        self, request: web.Request, req: GenRequest, trace: Trace
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
+        enc = StreamEncoder(req, prefix + trace.request_id, int(time.time()), req.model)
+        lp = Logprobs(req.endpoint == "chat", self.tokenizer) if req.logprobs else None
+        decode = self.tokenizer.decode
+        metrics = self.metrics
+        perf = time.perf_counter_ns
+        itl = None
+
+        async def on_chunk(p: dict[str, Any]) -> None:
+            nonlocal itl
+            ids = p["t"]
+            n = len(ids)
+            if not n:
+                return
+            now = perf()
+            if trace.first_token_ns:
+                itl.observe((now - trace.last_token_ns) / (1e9 * n), n)  # type: ignore[union-attr]
+            else:
+                trace.first_token_ns = now
+                worker = trace.decode_worker_id or "none"
+                metrics.ttft_hist(worker).observe((now - trace.received_ns) / 1e9)
+                itl = metrics.itl_hist(worker)
+                await resp.prepare(request)
+            trace.last_token_ns = now
+            trace.tokens += n
+            if lp is None:
+                await resp.write(enc.chunk(decode(ids)))
+            else:
+                await resp.write(enc.chunk_with_logprobs(decode(ids), lp.build(p)))
+
+        try:
+            await self.dispatcher.run(req, trace, on_chunk)
+            trace.end_ns = perf()
+            if not resp.prepared:
+                await resp.prepare(request)
+            usage = usage_obj(req, trace) if req.include_usage else None
+            await resp.write(
+                enc.finish(trace.finish or "stop", trace.stop_reason, nvext_obj(req, trace), usage)
+            )
+            await resp.write_eof()
+        except ApiError as exc:
+            trace.end_ns = perf()
+            trace.status = exc.status
+            if not resp.prepared:
+                return _error(exc)
+            trace.outcome = _outcome(exc.status)
+            trace.status = 200
+            try:
+                await resp.write(exc.sse_bytes() + DONE)
+                await resp.write_eof()
+            except _CLIENT_GONE:
+                trace.outcome = "cancelled"
+        except _CLIENT_GONE:
+            trace.outcome = "cancelled"
+            trace.status = 499
+        return resp
+
+    async def _unary(
+        self, request: web.Request, req: GenRequest, trace: Trace
+    ) -> web.StreamResponse:
+        ids_all: list[int] = []
+        lp = Logprobs(req.endpoint == "chat", self.tokenizer) if req.logprobs else None
+        lp_parts: list[dict[str, Any]] = []
+        metrics = self.metrics
+        perf = time.perf_counter_ns
+
+        async def on_chunk(p: dict[str, Any]) -> None:
+            ids = p["t"]
+            if not ids:
+                return
+            now = perf()
+            if not trace.first_token_ns:
+                trace.first_token_ns = now
+                metrics.ttft_hist(trace.decode_worker_id or "none").observe(
+                    (now - trace.received_ns) / 1e9
+                )
+            trace.last_token_ns = now
+            trace.tokens += len(ids)
+            ids_all.extend(ids)
+            if lp is not None:
+                lp_parts.append(lp.build(p))
+
+        try:
+            await self.dispatcher.run(req, trace, on_chunk)
+        except ApiError as exc:
+            trace.status = exc.status
+            return _error(exc)
+        trace.end_ns = perf()
+        prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
+        body = full_response(
+            req,
+            prefix + trace.request_id,
+            int(time.time()),
+            req.model,
+            self.tokenizer.decode(ids_all),
+            trace.finish or "stop",
+            trace.stop_reason,
+            Logprobs.merge(lp_parts, req.endpoint == "chat") if lp is not None else None,
+            usage_obj(req, trace),
+            nvext_obj(req, trace),
+        )
+        return web.Response(body=body, content_type="application/json")

@@ -1,0 +1,297 @@
+"""In-process fakes for testing the frontend without sidecars: a registry and worker clients.
+
+`FakeFleet` is both the registry (the frontend watches it) and the client factory (the frontend
+asks it for a RequestPlaneClient per worker address). Each fake worker answers a request with a
+scripted behaviour: tokens in chunks, an END error, a prefill handoff, a stall, ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.serve.discovery.base import Registry, WorkerRecord
+from lab.serve.settings import SocketSettings
+
+CHUNK, END = 3, 4
+Frames = AsyncIterator[tuple[int, dict[str, Any]]]
+Behavior = Callable[["FakeWorker", dict[str, Any]], Frames]
+
+
+async def default_behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
+    """Prefill: END with a handoff. Otherwise max_tokens tokens (16 if None), `per_chunk` each."""
+    prompt = req["token_ids"]
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "cached_tokens": 0}
+    if worker.role == "prefill":
+        usage["completion_tokens"] = 1
+        usage["cached_tokens"] = worker.cached_tokens
+        handoff = {
+            "session_id": f"sess-{req['request_id']}",
+            "transfer_backend": "FAKE",
+            "endpoints": [],
+            "dp_rank": 0,
+            "attributes": {"first": 7},
+        }
+        yield (
+            END,
+            {
+                "finish": "length",
+                "stop_reason": None,
+                "usage": usage,
+                "handoff": handoff,
+                "error": None,
+                "worker_id": worker.worker_id,
+            },
+        )
+        return
+    n = req["max_tokens"] if req["max_tokens"] is not None else 16
+    sent = 0
+    while sent < n:
+        k = min(worker.per_chunk, n - sent)
+        payload: dict[str, Any] = {"t": [100 + sent + i for i in range(k)]}
+        if req.get("logprobs"):
+            payload["lp"] = [-0.5] * k
+            if req.get("top_logprobs"):
+                payload["top"] = [[[100 + sent + i, -0.5], [5, -1.5]] for i in range(k)]
+        yield CHUNK, payload
+        sent += k
+        if worker.delay_s:
+            await asyncio.sleep(worker.delay_s)
+    usage["completion_tokens"] = n
+    usage["cached_tokens"] = req.get("prefill_cached_tokens") or 0
+    yield (
+        END,
+        {
+            "finish": "length",
+            "stop_reason": None,
+            "usage": usage,
+            "handoff": None,
+            "error": None,
+            "worker_id": worker.worker_id,
+        },
+    )
+
+
+def error_behavior(kind: str, status: int, after_tokens: int = 0) -> Behavior:
+    """Send `after_tokens` tokens, then END with an error of `kind`."""
+
+    async def behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
+        for i in range(after_tokens):
+            yield CHUNK, {"t": [200 + i]}
+        yield (
+            END,
+            {
+                "finish": None,
+                "usage": None,
+                "handoff": None,
+                "error": {"kind": kind, "message": f"fake {kind}", "status": status},
+                "worker_id": worker.worker_id,
+            },
+        )
+
+    return behavior
+
+
+def stall_behavior(tokens_first: int = 1) -> Behavior:
+    """Send a few tokens, then never finish (until cancelled)."""
+
+    async def behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
+        for i in range(tokens_first):
+            yield CHUNK, {"t": [300 + i]}
+        await asyncio.Event().wait()
+        yield END, {}  # pragma: no cover
+
+    return behavior
+
+
+class FakeStream:
+    def __init__(self, frames: Frames) -> None:
+        self._frames = frames
+        self.cancelled = asyncio.Event()
+
+    def __aiter__(self) -> Frames:
+        return self._frames
+
+    async def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class FakeWorker:
+    worker_id: str
+    role: str = "aggregated"
+    model: str = "mocker-model"
+    per_chunk: int = 1
+    delay_s: float = 0.0
+    cached_tokens: int = 0
+    refuse_connect: bool = False
+    behavior: Behavior = default_behavior
+    load: dict[str, Any] = field(default_factory=dict)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    streams: list[FakeStream] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"fake:{self.worker_id}"
+
+    def record(self) -> WorkerRecord:
+        return WorkerRecord(
+            worker_id=self.worker_id,
+            role=self.role,
+            address=self.address,
+            model=self.model,
+            context_length=32768,
+            load=dict(self.load),
+        )
+
+
+class FakeClient:
+    def __init__(self, fleet: FakeFleet, address: str, settings: SocketSettings) -> None:
+        self.fleet = fleet
+        self.address = address
+        self.settings = settings
+        self.closed = False
+
+    async def open_stream(self, request: dict[str, Any]) -> FakeStream:
+        worker = self.fleet.by_address[self.address]
+        if worker.refuse_connect or self.closed:
+            raise ConnectionRefusedError(f"fake worker {worker.worker_id} refuses connections")
+        worker.requests.append(dict(request))
+        stream = FakeStream(worker.behavior(worker, request))
+        worker.streams.append(stream)
+        return stream
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeFleet(Registry):
+    """An in-memory registry plus the client factory for its fake workers."""
+
+    def __init__(self, *workers: FakeWorker) -> None:
+        self.workers: dict[str, FakeWorker] = {}
+        self.by_address: dict[str, FakeWorker] = {}
+        self.clients: list[FakeClient] = []
+        self._changed = asyncio.Event()
+        self._version = 0
+        for worker in workers:
+            self.add(worker)
+
+    # fleet control
+    def add(self, worker: FakeWorker) -> FakeWorker:
+        self.workers[worker.worker_id] = worker
+        self.by_address[worker.address] = worker
+        self._bump()
+        return worker
+
+    def remove(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+        self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1
+        self._changed.set()
+
+    def client_factory(self, address: str, settings: SocketSettings) -> FakeClient:
+        client = FakeClient(self, address, settings)
+        self.clients.append(client)
+        return client
+
+    # Registry
+    async def register(self, record: WorkerRecord) -> None:  # pragma: no cover - unused
+        raise NotImplementedError
+
+    async def refresh(self, record: WorkerRecord) -> None:  # pragma: no cover - unused
+        raise NotImplementedError
+
+    async def withdraw(self, worker_id: str) -> None:
+        self.remove(worker_id)
+
+    async def list(self) -> list[WorkerRecord]:
+        return [w.record() for w in self.workers.values()]
+
+    async def watch(self) -> AsyncIterator[list[WorkerRecord]]:
+        while True:
+            self._changed.clear()
+            yield await self.list()
+            await self._changed.wait()
+
+
+async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> None:
+    """Poll `predicate` until true (tests)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+# --- real processes (the end-to-end path tests) ---------------------------------------------------
+
+LAB_ARGV = ["python", "-c", "from lab.cli import main; main()"]
+MOCKER_ARGV = ["python", "-m", "mocker"]
+
+
+def mocker_argv(role: str, instance_id: str, speedup: float = 1000.0, *extra: str) -> list[str]:
+    return [
+        *MOCKER_ARGV,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--role",
+        role,
+        "--speedup-ratio",
+        str(speedup),
+        "--instance-id",
+        instance_id,
+        *extra,
+    ]
+
+
+def sidecar_argv(engine: str, discovery_dir: str, worker_id: str, *extra: str) -> list[str]:
+    return [
+        *LAB_ARGV,
+        "sidecar",
+        "--engine",
+        engine,
+        "--listen",
+        "127.0.0.1:0",
+        "--discovery",
+        f"file:{discovery_dir}",
+        "--worker-id",
+        worker_id,
+        *extra,
+    ]
+
+
+def frontend_argv(discovery_dir: str, *extra: str) -> list[str]:
+    return [
+        *LAB_ARGV,
+        "frontend",
+        "--listen",
+        "127.0.0.1:0",
+        "--discovery",
+        f"file:{discovery_dir}",
+        *extra,
+    ]
+
+
+def engine_load(address: str, timeout: float = 5.0) -> dict[str, int]:
+    """The engine's GetLoad (running / queued requests), over a short-lived gRPC channel."""
+    import grpc
+
+    from lab.wire.gen.openengine.v1 import openengine_pb2_grpc, server_pb2
+
+    with grpc.insecure_channel(address) as channel:
+        info = openengine_pb2_grpc.ControlStub(channel).GetLoad(
+            server_pb2.GetLoadRequest(), timeout=timeout
+        )
+    return {"running": info.running_requests, "queued": info.queued_requests}

@@ -1,0 +1,198 @@
+"""The frontend's view of the fleet: discovery records -> one request-plane client per worker.
+
+The watch loop applies each live set the registry yields: new workers get a RequestPlaneClient,
+changed records update the published load, workers that left discovery stop receiving new
+requests at once but keep their client until their in-flight requests finish (a sidecar that
+withdraws on SIGTERM keeps serving through its grace period); the janitor closes idle retired
+clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from lab.serve.discovery import Registry, WorkerRecord
+from lab.serve.frontend.config import WORKER_BACKOFF_S
+from lab.serve.router import Router
+from lab.serve.settings import ROLES, SocketSettings
+
+log = logging.getLogger("lab.frontend.workers")
+
+ClientFactory = Callable[[str, SocketSettings], Any]
+
+# Retired clients still busy after this long are closed anyway (their streams fail).
+RETIRE_MAX_S = 600.0
+
+
+def default_client_factory(address: str, settings: SocketSettings) -> Any:
+    from lab.serve.request_plane import RequestPlaneClient
+
+    return RequestPlaneClient(address, settings)
+
+
+def unavailable_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions meaning "could not reach the worker" (safe to try another worker)."""
+    errors: list[type[BaseException]] = [OSError, EOFError]
+    try:
+        from lab.serve.request_plane import WorkerUnavailable
+
+        errors.append(WorkerUnavailable)
+    except ImportError:  # pragma: no cover - request plane not built yet
+        pass
+    return tuple(errors)
+
+
+class Worker:
+    """One registered worker and the frontend's state for it."""
+
+    __slots__ = ("client", "down_until", "inflight", "record", "retired_at", "role", "worker_id")
+
+    def __init__(self, record: WorkerRecord, client: Any) -> None:
+        self.record = record
+        self.worker_id = record.worker_id
+        self.role = record.role
+        self.client = client
+        self.inflight = 0
+        self.down_until = 0.0
+        self.retired_at: float | None = None
+
+    @property
+    def load(self) -> Mapping[str, Any]:
+        return self.record.load
+
+    def mark_down(self) -> None:
+        self.down_until = time.monotonic() + WORKER_BACKOFF_S
+
+
+class WorkerSet:
+    def __init__(
+        self,
+        registry: Registry,
+        settings: SocketSettings,
+        client_factory: ClientFactory | None = None,
+    ) -> None:
+        self.registry = registry
+        self.settings = settings
+        self._factory = client_factory or default_client_factory
+        self._workers: dict[str, Worker] = {}
+        self._by_role: dict[str, list[Worker]] = {role: [] for role in ROLES}
+        self._retired: list[Worker] = []
+        self.synced = asyncio.Event()  # set after the first live set was applied
+
+    # --- discovery -----------------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        async for records in self.registry.watch():
+            await self.apply(records)
+
+    async def apply(self, records: Iterable[WorkerRecord]) -> None:
+        live: dict[str, WorkerRecord] = {r.worker_id: r for r in records}
+        for worker_id, worker in list(self._workers.items()):
+            record = live.get(worker_id)
+            if record is None or record.address != worker.record.address:
+                self._retire(worker)
+            else:
+                worker.record = record
+        for worker_id, record in live.items():
+            if worker_id not in self._workers:
+                if record.role not in self._by_role:
+                    log.warning("ignoring worker %s with unknown role %r", worker_id, record.role)
+                    continue
+                worker = Worker(record, self._factory(record.address, self.settings))
+                self._workers[worker_id] = worker
+                log.info(
+                    "worker joined: %s role=%s address=%s", worker_id, record.role, record.address
+                )
+        self._by_role = {role: [] for role in ROLES}
+        for worker in self._workers.values():
+            self._by_role[worker.role].append(worker)
+        self.synced.set()
+        await self.close_idle()
+
+    def _retire(self, worker: Worker) -> None:
+        del self._workers[worker.worker_id]
+        worker.retired_at = time.monotonic()
+        self._retired.append(worker)
+        log.info("worker left: %s (in flight %d)", worker.worker_id, worker.inflight)
+
+    async def close_idle(self) -> None:
+        """Close retired clients with nothing in flight (or retired too long ago)."""
+        if not self._retired:
+            return
+        now = time.monotonic()
+        done = [
+            w
+            for w in self._retired
+            if w.inflight == 0 or now - (w.retired_at or now) > RETIRE_MAX_S
+        ]
+        if not done:
+            return
+        self._retired = [w for w in self._retired if w not in done]
+        async with asyncio.TaskGroup() as tg:
+            for worker in done:
+                tg.create_task(_close(worker))
+
+    async def janitor(self, interval_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.close_idle()
+
+    async def close(self) -> None:
+        workers = list(self._workers.values()) + self._retired
+        self._workers.clear()
+        self._retired.clear()
+        self._by_role = {role: [] for role in ROLES}
+        async with asyncio.TaskGroup() as tg:
+            for worker in workers:
+                tg.create_task(_close(worker))
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return {role: len(ws) for role, ws in self._by_role.items()}
+
+    def has_role(self, role: str) -> bool:
+        return bool(self._by_role[role])
+
+    def all(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def models(self) -> list[str]:
+        return sorted({w.record.model for w in self._workers.values()})
+
+    def pick(
+        self,
+        roles: tuple[str, ...],
+        router: Router,
+        model: str | None,
+        exclude: set[str],
+    ) -> Worker | None:
+        """Choose a worker of one of `roles` serving `model` (None = any), not in `exclude`.
+
+        Workers whose connection failed recently are used only when no other is left.
+        """
+        by_role = self._by_role
+        if len(roles) == 1:
+            pool = by_role[roles[0]]
+        else:
+            pool = [w for role in roles for w in by_role[role]]
+        if model is not None:
+            pool = [w for w in pool if w.record.model == model]
+        if exclude:
+            pool = [w for w in pool if w.worker_id not in exclude]
+        if not pool:
+            return None
+        now = time.monotonic()
+        healthy = [w for w in pool if w.down_until <= now]
+        return router.choose(healthy or pool)
+
+
+async def _close(worker: Worker) -> None:
+    try:
+        await worker.client.close()
+    except Exception as exc:  # a failing close must not take the frontend down
+        log.warning("closing the client of %s: %s", worker.worker_id, exc)

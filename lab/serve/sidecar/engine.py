@@ -1,0 +1,147 @@
+"""The sidecar's gRPC link to its engine: one grpc.aio channel, the start-up handshake."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from lab.serve.settings import DEFAULT_MODEL
+from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
+from lab.wire.gen.openengine.v1 import (
+    lifecycle_pb2,
+    model_pb2,
+    openengine_pb2_grpc,
+    server_pb2,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 64 * 1024 * 1024
+CONTROL_TIMEOUT_S = 30.0  # one-shot control RPCs (GetModelInfo, Abort)
+RETRY_LOG_EVERY_S = 30.0
+
+
+class StartupError(RuntimeError):
+    """The engine cannot be used (unreachable by the deadline, or incomplete model info)."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    facts: EngineFacts
+    kv_block_size: int
+    total_kv_blocks: int
+    max_running_requests: int
+    engine_name: str
+
+
+class EngineLink:
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.channel = grpc.aio.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE),
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ],
+        )
+        self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
+        self.control = openengine_pb2_grpc.ControlStub(self.channel)
+
+    async def handshake(
+        self, deadline: float, attempt_timeout_s: float, retry_interval_s: float
+    ) -> EngineInfo:
+        """GetServerInfo (retried until `deadline`, a time.monotonic() value), then GetModelInfo."""
+        info = await self._server_info(deadline, attempt_timeout_s, retry_interval_s)
+        role = ROLE_NAMES.get(info.engine_role)
+        if role is None:
+            log.warning(
+                "engine at %s reports role %s: serving as aggregated",
+                self.target,
+                server_pb2.EngineRole.Name(info.engine_role),
+            )
+            role = "aggregated"
+        model_name = info.supported_models[0] if info.supported_models else ""
+        remaining = max(0.1, deadline - time.monotonic())
+        try:
+            model = await self.control.GetModelInfo(
+                model_pb2.GetModelInfoRequest(model=model_name),
+                timeout=min(CONTROL_TIMEOUT_S, remaining),
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise StartupError(
+                f"GetModelInfo on the engine at {self.target} failed: "
+                f"{exc.code().name}: {exc.details()}"
+            ) from exc
+        if not model.HasField("max_context_length") or model.max_context_length == 0:
+            raise StartupError(
+                f"the engine at {self.target} reports no max_context_length in GetModelInfo: "
+                "the sidecar cannot derive max_tokens without a context length; refusing to start"
+            )
+        served = model.served_model_name or model.model_id or model_name or DEFAULT_MODEL
+        cap = info.capacity
+        facts = EngineFacts(
+            role=role,
+            model=served,
+            context_length=model.max_context_length,
+            max_output_tokens=model.max_output_tokens
+            if model.HasField("max_output_tokens")
+            else None,
+            instance_id=info.instance_id,
+        )
+        return EngineInfo(
+            facts=facts,
+            kv_block_size=cap.kv_block_size,
+            total_kv_blocks=cap.total_kv_blocks,
+            max_running_requests=cap.max_running_requests,
+            engine_name=info.engine_name,
+        )
+
+    async def _server_info(
+        self, deadline: float, attempt_timeout_s: float, retry_interval_s: float
+    ) -> server_pb2.ServerInfo:
+        last_log = -RETRY_LOG_EVERY_S
+        attempts = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StartupError(
+                    f"the engine at {self.target} did not answer GetServerInfo within the "
+                    f"start-up deadline ({attempts} attempts)"
+                )
+            attempts += 1
+            try:
+                return await self.control.GetServerInfo(
+                    server_pb2.GetServerInfoRequest(),
+                    timeout=min(attempt_timeout_s, remaining),
+                    wait_for_ready=True,
+                )
+            except grpc.aio.AioRpcError as exc:
+                now = time.monotonic()
+                if now - last_log >= RETRY_LOG_EVERY_S:
+                    last_log = now
+                    log.info(
+                        "waiting for the engine at %s (attempt %d): %s",
+                        self.target,
+                        attempts,
+                        exc.code().name,
+                    )
+            await asyncio.sleep(min(retry_interval_s, max(0.0, deadline - time.monotonic())))
+
+    async def load(self, timeout_s: float) -> server_pb2.LoadInfo:
+        return await self.control.GetLoad(server_pb2.GetLoadRequest(), timeout=timeout_s)
+
+    async def abort(self, request_id: str) -> None:
+        """Control.Abort{request_id}; failures are logged, never raised."""
+        try:
+            await self.control.Abort(
+                lifecycle_pb2.AbortRequest(request_id=request_id), timeout=CONTROL_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("Abort(%s) failed: %s: %s", request_id, exc.code().name, exc.details())
+
+    async def close(self) -> None:
+        await self.channel.close(grace=None)

@@ -1,0 +1,321 @@
+"""The sidecar process: engine handshake, request plane, registration, heartbeat, engine-loss
+watch, and the two ways out (SIGTERM drain -> exit 0, engine lost -> exit 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import json_format
+
+from lab.serve.discovery import Registry, WorkerRecord, open_registry
+from lab.serve.request_plane import RequestPlaneServer, StreamSink, error_end
+from lab.serve.settings import DiscoveryTiming, SidecarTiming, SocketSettings
+from lab.serve.sidecar.convert import (
+    EngineFacts,
+    ProtocolError,
+    RequestError,
+    ResponseConverter,
+    build_generate_request,
+    error_payload,
+    rpc_error,
+)
+from lab.serve.sidecar.engine import EngineInfo, EngineLink, StartupError
+from lab.serve.sidecar.liveness import EngineLoss, LoadMonitor, watch_liveness
+from lab.wire.ready import format_ready
+
+log = logging.getLogger("lab.sidecar")
+
+NO_TERMINAL = "Generate ended before a terminal response"
+_SKIP_LOAD_FIELDS = frozenset({"ranks", "attributes"})
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    engine: str
+    listen_host: str
+    listen_port: int
+    discovery: str
+    worker_id: str
+    sockets: SocketSettings = field(default_factory=SocketSettings)
+    grace_period_s: float = SidecarTiming.grace_period_s
+    inflight_timeout_s: float = SidecarTiming.inflight_timeout_s
+    startup_deadline_s: float = SidecarTiming.startup_deadline_s
+    connect_attempt_timeout_s: float = SidecarTiming.connect_attempt_timeout_s
+    retry_interval_s: float = SidecarTiming.retry_interval_s
+    heartbeat_s: float = DiscoveryTiming.heartbeat_s
+    ttl_s: float = DiscoveryTiming.ttl_s
+    stale_load_s: float = SidecarTiming.stale_load_s
+
+
+def load_dict(load) -> dict:
+    """LoadInfo -> plain JSON numbers (json_format would turn uint64 into strings)."""
+    out = {fd.name: value for fd, value in load.ListFields() if fd.name not in _SKIP_LOAD_FIELDS}
+    if load.HasField("attributes"):
+        out["attributes"] = json_format.MessageToDict(load.attributes)
+    return out
+
+
+class _Active:
+    """One in-flight request: what a forced drain needs to end it."""
+
+    __slots__ = ("call", "sink")
+
+    def __init__(self, sink: StreamSink) -> None:
+        self.sink = sink
+        self.call: grpc.aio.UnaryStreamCall | None = None
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig) -> None:
+        self.config = config
+        self.worker_id = config.worker_id
+        self.link: EngineLink | None = None
+        self.facts: EngineFacts | None = None
+        self.admitting = True
+        self._active: set[_Active] = set()
+        self._idle: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self.loss: EngineLoss | None = None
+
+    # -- request path ---------------------------------------------------------------------------
+
+    async def handle(self, request: dict, sink: StreamSink) -> None:
+        """The request-plane handler: one Generate per stream."""
+        wid = self.worker_id
+        if not self.admitting:
+            sink.end(error_end("unavailable", f"worker {wid} is draining", 503, wid))
+            return
+        if sink.cancelled.is_set():
+            sink.end(error_end("cancelled", "cancelled before it started", 499, wid))
+            return
+        facts = self.facts
+        assert facts is not None and self.link is not None
+        try:
+            greq, plan = build_generate_request(request, facts)
+        except RequestError as exc:
+            sink.end(error_end("invalid_request", str(exc), 400, wid))
+            return
+        conv = ResponseConverter(plan, facts.role, wid)
+        active = _Active(sink)
+        self._active.add(active)
+        assert self._idle is not None
+        self._idle.clear()
+        call = self.link.inference.Generate(greq)
+        active.call = call
+        sink.on_cancel = call.cancel
+        try:
+            async for msg in call:
+                kind = msg.WhichOneof("event")
+                if kind == "token":
+                    chunk = conv.token(msg.token)
+                    if chunk is not None:
+                        sink.chunk(chunk)
+                    continue
+                held, end = conv.terminal(msg, kind)
+                if held is not None:
+                    sink.chunk(held)
+                sink.end(end)
+                return
+            sink.end(conv.end(error=error_payload("protocol", NO_TERMINAL, 502)))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the sidecar is stopping; the server sends the END
+            await self._cancelled(sink, conv, plan.request_id)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED and sink.cancelled.is_set():
+                await self._cancelled(sink, conv, plan.request_id)
+            else:
+                sink.end(conv.end(error=rpc_error(exc.code(), exc.details())))
+        except ProtocolError as exc:
+            call.cancel()
+            sink.end(conv.end(error=error_payload("protocol", str(exc), 502)))
+        finally:
+            sink.on_cancel = None
+            self._active.discard(active)
+            if not self._active:
+                self._idle.set()
+
+    async def _cancelled(self, sink: StreamSink, conv: ResponseConverter, request_id: str) -> None:
+        if sink.ended:
+            return  # ended by a forced drain
+        sink.end(conv.cancelled_end())
+        assert self.link is not None
+        await self.link.abort(request_id)
+
+    def _cut_active(self, message: str) -> None:
+        """End every in-flight request with an error END and cancel its Generate."""
+        for active in list(self._active):
+            active.sink.end(error_end("unavailable", message, 503, self.worker_id))
+            if active.call is not None:
+                active.call.cancel()
+
+    async def _wait_idle(self, timeout_s: float) -> bool:
+        assert self._idle is not None
+        if not self._active:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    # -- background loops -----------------------------------------------------------------------
+
+    async def _heartbeat(
+        self, registry: Registry, record: WorkerRecord, monitor: LoadMonitor
+    ) -> None:
+        """Poll GetLoad, publish it in the record (the heartbeat), feed the stale-load check."""
+        assert self.link is not None
+        cfg = self.config
+        last_warn = float("-inf")
+        while True:
+            await asyncio.sleep(cfg.heartbeat_s)
+            try:
+                load = await self.link.load(timeout_s=max(1.0, cfg.heartbeat_s))
+                now = time.monotonic()
+                stamp = load.timestamp_unix_nanos if load.HasField("timestamp_unix_nanos") else None
+                monitor.sample(load.instance_id, stamp, now)
+                record.load = {**load_dict(load), "in_flight": len(self._active)}
+            except grpc.aio.AioRpcError as exc:
+                now = time.monotonic()
+                if now - last_warn >= 30.0:
+                    last_warn = now
+                    log.warning("GetLoad failed: %s: %s", exc.code().name, exc.details())
+            monitor.check(len(self._active), now)
+            try:
+                await registry.refresh(record)
+            except OSError as exc:
+                log.warning("discovery refresh failed: %s", exc)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Returns the exit code."""
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        self._stop = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        main = asyncio.current_task()
+        assert main is not None
+        starting = True
+
+        def on_signal(signame: str) -> None:
+            log.info("%s received", signame)
+            if starting:
+                main.cancel()
+            self._stop.set()  # type: ignore[union-attr]
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+
+        registry = open_registry(cfg.discovery, ttl_s=cfg.ttl_s)
+        self.link = EngineLink(cfg.engine)
+        server: RequestPlaneServer | None = None
+        try:
+            try:
+                deadline = time.monotonic() + cfg.startup_deadline_s
+                info = await self.link.handshake(
+                    deadline, cfg.connect_attempt_timeout_s, cfg.retry_interval_s
+                )
+            except StartupError as exc:
+                log.error("start-up failed: %s", exc)
+                return 1
+            except asyncio.CancelledError:
+                log.info("stopped before the engine was ready")
+                return 0
+            starting = False
+            self.facts = info.facts
+            self.loss = EngineLoss(info.facts.instance_id)
+            server = RequestPlaneServer(self.handle, cfg.sockets)
+            address = await server.start(cfg.listen_host, cfg.listen_port)
+            record = self._record(info, address)
+            try:
+                record.load = {**load_dict(await self.link.load(5.0)), "in_flight": 0}
+            except grpc.aio.AioRpcError:
+                pass
+            await registry.register(record)
+            log.info(
+                "serving engine %s (%s, role %s, instance %s, context %d) as %s",
+                cfg.engine,
+                info.engine_name or "?",
+                info.facts.role,
+                info.facts.instance_id,
+                info.facts.context_length,
+                self.worker_id,
+            )
+            log.info(format_ready("sidecar", self.worker_id, address))
+            return await self._serve(registry, record)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            if server is not None:
+                await server.close()
+            await self.link.close()
+            await registry.close()
+
+    def _record(self, info: EngineInfo, address: str) -> WorkerRecord:
+        facts = info.facts
+        return WorkerRecord(
+            worker_id=self.worker_id,
+            role=facts.role,
+            address=address,
+            model=facts.model,
+            context_length=facts.context_length,
+            kv_block_size=info.kv_block_size,
+            total_kv_blocks=info.total_kv_blocks,
+            max_running_requests=info.max_running_requests,
+            instance_id=facts.instance_id,
+            pid=os.getpid(),
+        )
+
+    async def _serve(self, registry: Registry, record: WorkerRecord) -> int:
+        cfg = self.config
+        loss = self.loss
+        assert loss is not None and self._stop is not None and self.link is not None
+        monitor = LoadMonitor(loss, record.instance_id, cfg.stale_load_s, time.monotonic())
+        async with asyncio.TaskGroup() as tg:
+            heartbeat = tg.create_task(self._heartbeat(registry, record, monitor))
+            watch = tg.create_task(
+                watch_liveness(self.link.channel, loss, cfg.connect_attempt_timeout_s)
+            )
+            stop_wait = tg.create_task(self._stop.wait())
+            loss_wait = tg.create_task(loss.wait())
+            await asyncio.wait({stop_wait, loss_wait}, return_when=asyncio.FIRST_COMPLETED)
+            lost = loss.resolved and not self._stop.is_set()
+            # Withdraw first (stop the heartbeat so it cannot re-publish the record).
+            heartbeat.cancel()
+            await registry.withdraw(self.worker_id)
+            if lost:
+                exit_code = 1
+                log.error(loss.message())
+                log.info("withdrawn from discovery; draining for up to %g s", cfg.grace_period_s)
+                self.admitting = False
+                if not await self._wait_idle(cfg.grace_period_s):
+                    self._cut_active(f"{loss.message()}; the request could not finish")
+            else:
+                exit_code = 0
+                log.info(
+                    "withdrawn from discovery; serving for the %g s grace period",
+                    cfg.grace_period_s,
+                )
+                await asyncio.sleep(cfg.grace_period_s)
+                self.admitting = False
+                log.info("refusing new requests; waiting for %d in flight", len(self._active))
+                if not await self._wait_idle(cfg.inflight_timeout_s):
+                    self._cut_active(f"worker {self.worker_id} stopped (drain timeout)")
+                if loss.resolved:
+                    log.warning("%s (during the drain; exit code stays 0)", loss.message())
+            for task in (watch, stop_wait, loss_wait):
+                task.cancel()
+        await asyncio.sleep(0)  # let the cut requests' handlers send their ENDs
+        log.info("exiting with code %d", exit_code)
+        return exit_code

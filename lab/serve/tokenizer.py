@@ -1,0 +1,129 @@
+"""Tokenizers of the frontend: a deterministic word tokenizer (default) and HuggingFace files.
+
+The default `WordTokenizer` needs no model files and makes a synthetic prompt of N words exactly
+N tokens, which is what a load lab wants:
+
+* encode: split on whitespace; a word of the form `<token:N>` is token N; any other word is
+  `1000 + (u32 little-endian of the first 4 bytes of blake3(word utf-8)) % 31000`, so ids fall in
+  [1000, 32000) and the same word always gives the same id.
+* decode: token N becomes the text `"<token:N> "` (note the trailing space), so decoding N tokens
+  gives exactly N whitespace-separated words, and encoding that text gives the same N ids back.
+* stop strings: a stop string that is exactly one word maps to that word's token id (it is sent
+  to the engine as a stop token id); anything else cannot be expressed at token level and is
+  rejected by the frontend (400 naming `stop`).
+
+`HFTokenizer` loads a HuggingFace `tokenizer.json` with the optional `tokenizers` package
+(imported only when used). Its stop strings map when they encode to exactly one token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import blake3
+
+WORD_ID_BASE = 1000
+WORD_ID_SPAN = 31000
+_TOKEN_PREFIX = "<token:"
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of a run of tokens (one chunk); chunk texts concatenate to the whole output."""
+        ...
+
+    def stop_token_id(self, stop: str) -> int | None:
+        """The token id a stop string maps to, or None when it is not exactly one token."""
+        ...
+
+
+def word_token_id(word: str) -> int:
+    """The default tokenizer's id of one whitespace-free word."""
+    if word.startswith(_TOKEN_PREFIX) and word.endswith(">"):
+        digits = word[len(_TOKEN_PREFIX) : -1]
+        if digits.isdigit():
+            return int(digits)
+    digest = blake3.blake3(word.encode()).digest()
+    return WORD_ID_BASE + int.from_bytes(digest[:4], "little") % WORD_ID_SPAN
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word (see the module docstring)."""
+
+    name = "word"
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._pieces: dict[int, str] = {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._ids
+        out = []
+        for word in text.split():
+            tid = ids.get(word)
+            if tid is None:
+                tid = word_token_id(word)
+                if len(ids) < 200_000:
+                    ids[word] = tid
+            out.append(tid)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        pieces = self._pieces
+        try:
+            return "".join([pieces[i] for i in ids])
+        except KeyError:
+            for i in ids:
+                if i not in pieces:
+                    pieces[i] = f"{_TOKEN_PREFIX}{i}> "
+            return "".join([pieces[i] for i in ids])
+
+    def stop_token_id(self, stop: str) -> int | None:
+        words = stop.split()
+        if len(words) != 1 or words[0] != stop:
+            return None
+        return word_token_id(stop)
+
+
+class HFTokenizer:
+    """A HuggingFace `tokenizer.json` (file, or a directory holding one)."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer as _HF
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise RuntimeError(
+                "--tokenizer needs the optional `tokenizers` package: pip install tokenizers"
+            ) from exc
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"--tokenizer {path}: no tokenizer.json found")
+        try:
+            self._tok = _HF.from_file(str(p))
+        except Exception as exc:
+            raise ValueError(f"--tokenizer {path}: cannot load: {exc}") from exc
+        self.name = str(p)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def stop_token_id(self, stop: str) -> int | None:
+        ids = self._tok.encode(stop, add_special_tokens=False).ids
+        return ids[0] if len(ids) == 1 else None
+
+
+def load_tokenizer(path: str | Path | None) -> Tokenizer:
+    """The default word tokenizer, or the HuggingFace tokenizer at `path`."""
+    if path is None or str(path) == "":
+        return WordTokenizer()
+    return HFTokenizer(path)

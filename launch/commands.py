@@ -1,0 +1,110 @@
+"""The command lines of the fleet: `mocker serve`, `lab sidecar`, `lab frontend`.
+
+Programs are found beside the running interpreter (the venv's console scripts). Tests replace
+them with stand-ins through LAB_LAUNCH_MOCKER / LAB_LAUNCH_LAB (shell-quoted argv prefixes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launch.topology import FleetSpec, TopologySpec
+
+LISTEN_HOST = "127.0.0.1"
+
+
+def _console_script(name: str, module_fallback: list[str]) -> list[str]:
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which(name)
+    if found:
+        return [found]
+    return [sys.executable, *module_fallback]
+
+
+@dataclass
+class Programs:
+    """argv prefixes of the two executables the launcher runs."""
+
+    mocker: list[str] = field(default_factory=list)
+    lab: list[str] = field(default_factory=list)
+
+    @classmethod
+    def default(cls) -> Programs:
+        mocker = os.environ.get("LAB_LAUNCH_MOCKER")
+        lab = os.environ.get("LAB_LAUNCH_LAB")
+        return cls(
+            mocker=shlex.split(mocker) if mocker else _console_script("mocker", ["-m", "mocker"]),
+            lab=shlex.split(lab) if lab else _console_script(
+                "lab", ["-c", "import sys; from lab.cli import main; sys.exit(main())"]),
+        )
+
+
+def _onoff(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def new_instance_id(engine_name: str) -> str:
+    """`<engine name>-<8 hex>`: new at every start, so a restarted engine is a new instance."""
+    return f"{engine_name}-{secrets.token_hex(4)}"
+
+
+def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
+                instance_id: str, port: int = 0) -> list[str]:
+    """port 0: the OS picks; a restarted engine asks for its previous port first, so that its
+    sidecar's --engine address stays valid."""
+
+    argv = [
+        *programs.mocker, "serve",
+        "--listen", f"{LISTEN_HOST}:{port}",
+        "--role", fleet.role,
+        "--model", spec.model,
+        "--speedup-ratio", repr(float(fleet.speedup)),
+        "--decode-speedup-ratio", repr(float(fleet.decode_speedup)),
+        "--instance-id", instance_id,
+    ]
+    if fleet.engine_args:
+        argv += ["--engine-args", json.dumps(fleet.engine_args, separators=(",", ":"))]
+    return argv + list(fleet.extra_mocker_args)
+
+
+def sidecar_argv(programs: Programs, spec: TopologySpec, engine_address: str, discovery: str,
+                 worker_id: str) -> list[str]:
+    return [
+        *programs.lab, "sidecar",
+        "--engine", engine_address,
+        "--listen", f"{LISTEN_HOST}:0",
+        "--discovery", discovery,
+        "--worker-id", worker_id,
+        "--server-nodelay", _onoff(spec.sockets.server_nodelay),
+    ]
+
+
+def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str) -> list[str]:
+    s = spec.sockets
+    argv = [
+        *programs.lab, "frontend",
+        "--listen", f"{LISTEN_HOST}:{spec.frontend_port}",
+        "--discovery", discovery,
+        "--router", spec.router,
+        "--client-nodelay", _onoff(s.client_nodelay),
+        "--pool-size", str(s.pool_size),
+        "--http-nodelay", _onoff(s.http_nodelay),
+        "--migration-limit", str(spec.migration_limit),
+        "--model-name", spec.model,
+    ]
+    if s.split_writes:
+        argv.append("--split-writes")
+    if spec.enforce_disagg:
+        argv.append("--enforce-disagg")
+    for role, count in spec.expected_workers().items():
+        argv += ["--expect", f"{role}={count}"]
+    return argv

@@ -1,0 +1,195 @@
+"""One supervised process: spawn in its own process group, log to a file, signal the group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lab.wire.ready import parse_ready
+from launch.pdeath import make_preexec
+
+# States a process goes through. "exited": down and not coming back (policy);
+# "backoff": waiting to be restarted; "stopped": ended by teardown.
+STATES = ("pending", "starting", "ready", "backoff", "exited", "stopped")
+
+# Environment markers: `lab clean` finds processes of a dead launcher by these.
+ENV_RUN_DIR = "LAB_RUN_DIR"
+ENV_PROCESS = "LAB_PROCESS_NAME"
+ENV_SUPERVISOR_PID = "LAB_SUPERVISOR_PID"
+ENV_SUPERVISOR_START = "LAB_SUPERVISOR_START"
+
+
+@dataclass
+class ProcessView:
+    """What `lab ps`, the table of `lab up` and Stack.processes() show."""
+
+    name: str
+    role: str  # engine | sidecar | frontend
+    fleet_role: str | None  # aggregated | prefill | decode (None for the frontend)
+    pid: int | None
+    address: str | None
+    state: str
+    restarts: int
+    instance_id: str | None = None
+    exit_code: int | None = None
+    create_time: float | None = None  # psutil create_time, guards against pid reuse
+    log: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        fleet_role: str | None,
+        policy: str,
+        argv_fn: Callable[[ManagedProcess], list[str]],
+        log_path: Path,
+        env: dict[str, str],
+    ) -> None:
+        self.name = name
+        self.role = role
+        self.fleet_role = fleet_role
+        self.policy = policy
+        self.argv_fn = argv_fn
+        self.log_path = log_path
+        self.env = env
+        self.popen: subprocess.Popen | None = None
+        self.state = "pending"
+        self.address: str | None = None
+        self.instance_id: str | None = None
+        self.restarts = 0
+        self.starts = 0
+        self.exit_code: int | None = None
+        self.exit_seen = True  # no process yet
+        self.restart_requested = False
+        self.started_mono = 0.0
+        self.create_time: float | None = None
+        self.log_offset = 0
+        self.detail = "not started"  # why it is not ready yet (for the not-ready error)
+        self.partner: ManagedProcess | None = None  # a sidecar's engine
+        self.last_address: str | None = None  # address of the last incarnation that was ready
+        self.reuse_port = 0  # engine: port to ask for at the next start (0 = any)
+        self.engine_address: str | None = None  # sidecar: the --engine of this incarnation
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn (from the event-loop thread: PDEATHSIG is tied to the spawning thread)."""
+        argv = self.argv_fn(self)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"--- launcher: start #{self.starts + 1} at {stamp}: "
+                      f"{' '.join(argv)}\n".encode())
+            log.flush()
+            self.log_offset = log.tell()
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=make_preexec(signal.SIGKILL),
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env,
+                     ENV_PROCESS: self.name},
+                close_fds=True,
+            )
+        self.starts += 1
+        self.state = "starting"
+        self.address = None
+        self.exit_code = None
+        self.exit_seen = False
+        self.started_mono = time.monotonic()
+        self.detail = "no ready line in its log yet"
+        self.create_time = _create_time(self.popen.pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def poll(self) -> int | None:
+        """The exit code once the process has exited (reaps it), else None."""
+        if self.popen is None:
+            return None
+        return self.popen.poll()
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> bool:
+        """Signal the process group (only while its leader is not reaped: no pgid reuse)."""
+        if not self.alive:
+            return False
+        assert self.popen is not None
+        try:
+            os.killpg(self.popen.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    # -- log ------------------------------------------------------------------------------------
+
+    def ready_fields(self) -> dict[str, str] | None:
+        """The ready line logged by the current incarnation, if any."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                data = log.read()
+        except OSError:
+            return None
+        for line in data.decode(errors="replace").splitlines():
+            fields = parse_ready(line)
+            if fields:
+                return fields
+        return None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                size = log.tell()
+                log.seek(max(0, size - 64 * 1024))
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def view(self) -> ProcessView:
+        return ProcessView(
+            name=self.name,
+            role=self.role,
+            fleet_role=self.fleet_role,
+            pid=self.pid,
+            address=self.address,
+            state=self.state,
+            restarts=self.restarts,
+            instance_id=self.instance_id,
+            exit_code=self.exit_code,
+            create_time=self.create_time,
+            log=str(self.log_path),
+        )
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def own_create_time() -> float | None:
+    """This process's psutil create_time (with the pid, identifies the supervisor)."""
+    return _create_time(os.getpid())

@@ -1,0 +1,49 @@
+"""Discovery as events: `registered` / `withdrawn` lines in events.jsonl when a worker's record
+appears, changes owner (a restarted sidecar re-registers) or disappears.
+
+This is how a fault report tells when a worker left discovery and when it was back, on the
+same clock as the launcher's start/exit/restart events. File registries only (polled every
+0.1 s; a record is a `<worker_id>.json` file written with tmp + rename).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from launch.events import EventLog
+
+POLL_S = 0.1
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[Any, Any]]:
+    """worker_id -> (pid, address) of every record now present."""
+    records: dict[str, tuple[Any, Any]] = {}
+    try:
+        paths = list(directory.glob("*.json"))
+    except OSError:
+        return records
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        records[path.stem] = (data.get("pid"), data.get("address"))
+    return records
+
+
+async def watch_registry(directory: Path, events: EventLog) -> None:
+    """Emit registered/withdrawn events until cancelled."""
+    known: dict[str, tuple[Any, Any]] = {}
+    while True:
+        now = await asyncio.to_thread(_snapshot, directory)
+        for worker, (pid, address) in now.items():
+            if known.get(worker) != (pid, address):
+                events.emit("registered", worker, pid, address=address)
+        for worker, (pid, _address) in known.items():
+            if worker not in now:
+                events.emit("withdrawn", worker, pid)
+        known = now
+        await asyncio.sleep(POLL_S)

@@ -1,0 +1,216 @@
+"""Stack: a running topology as an async context manager (the code behind `lab up`, `lab sweep`
+and `lab nagle`).
+
+    async with Stack(TopologySpec.disaggregated(prefill=1, decode=1), run_dir) as stack:
+        ... load against stack.frontend_url, model stack.model ...
+        await stack.fault("engine-decode-0", "kill")
+
+__aenter__ starts everything and waits for readiness (LaunchError naming the process that did
+not become ready, with its log tail; everything already started is torn down first).
+__aexit__ tears down (SIGTERM, grace, SIGKILL), writes procs.parquet and the final state.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from launch.commands import Programs
+from launch.config import write_config
+from launch.control import serve_control
+from launch.events import EventLog
+from launch.process import ProcessView, own_create_time
+from launch.readiness import registry_dir
+from launch.registry_watch import watch_registry
+from launch.sampler import Sampler
+from launch.state import write_state
+from launch.supervisor import Supervisor
+from launch.topology import TopologySpec
+
+
+class Stack:
+    def __init__(
+        self,
+        spec: TopologySpec,
+        run_dir: Path,
+        *,
+        sample_interval_s: float = 0.5,
+        programs: Programs | None = None,
+        control: bool = True,
+    ) -> None:
+        spec.validate()
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.sample_interval_s = sample_interval_s
+        self.programs = programs
+        self.control = control
+        self.model = spec.model
+        self.frontend_url = ""
+        self.discovery = spec.discovery or f"file:{self.run_dir.resolve() / 'discovery'}"
+        self.events_path = self.run_dir / "events.jsonl"
+        self.events: EventLog | None = None
+        self.supervisor: Supervisor | None = None
+        self.sampler: Sampler | None = None
+        self.state = "new"
+        self.error: str | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._side_tasks: list[asyncio.Task] = []
+        self._closed = False
+        self._own_create_time = own_create_time()
+        self._etcd: Any = None  # launch.etcd.LocalEtcd when discovery == "etcd"
+
+    # -- public API -----------------------------------------------------------------------------
+
+    def processes(self) -> list[ProcessView]:
+        return [] if self.supervisor is None else [p.view() for p in self.supervisor.processes]
+
+    async def fault(self, name: str, kind: str) -> str:
+        """kill|stop|cont|restart|not-serving|serving|freeze|unfreeze|executor-failure."""
+        assert self.supervisor is not None, "the stack is not running"
+        return await self.supervisor.fault(name, kind)
+
+    def cpu_samples(self) -> list[dict[str, Any]]:
+        return [] if self.sampler is None else list(self.sampler.samples)
+
+    def on_event(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener(event)` for every event from now on (e.g. to print restarts)."""
+        assert self.events is not None
+        self.events.listeners.append(listener)
+
+    # -- context manager ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Stack:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        directory = registry_dir(self.discovery)
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(self.events_path)
+        if self.spec.discovery == "etcd":
+            try:
+                await self._start_etcd()
+            except BaseException as exc:
+                self.state, self.error = "failed", str(exc)
+                self._save_state()
+                self.events.close()
+                raise
+        write_config(self.run_dir, self.spec, discovery=self.discovery)
+        self.supervisor = Supervisor(
+            self.spec, self.run_dir, self.events, self.discovery,
+            programs=self.programs, on_change=self._save_state,
+        )
+        self.sampler = Sampler(self.processes, self.run_dir / "procs.parquet",
+                               interval_s=self.sample_interval_s)
+        self.state = "starting"
+        self._save_state()
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        try:
+            self._side_tasks.append(self._tg.create_task(self._guard("sampler", self.sampler.run)))
+            if directory is not None:
+                events = self.events
+                self._side_tasks.append(self._tg.create_task(self._guard(
+                    "registry-watch", lambda: watch_registry(directory, events))))
+            await self.supervisor.start(self._tg)
+        except BaseException as exc:
+            self.error = str(exc)
+            await self._shutdown(failed=True)
+            raise
+        self.frontend_url = f"http://{self.supervisor.frontend.address}"
+        if self.control:
+            self._side_tasks.append(self._tg.create_task(
+                self._guard("control", lambda: serve_control(self.run_dir, self._on_control))))
+        self.state = "ready"
+        self.events.emit("stack-ready", "", os.getpid(), frontend_url=self.frontend_url)
+        self._save_state()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._shutdown(failed=False)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    async def _start_etcd(self) -> None:
+        """`--discovery etcd`: a local etcd for this run (stopped after the fleet)."""
+        from launch.etcd import LocalEtcd
+        from launch.process import ENV_RUN_DIR, ENV_SUPERVISOR_PID, ENV_SUPERVISOR_START
+
+        self._etcd = LocalEtcd(self.run_dir, env={
+            ENV_RUN_DIR: str(self.run_dir.resolve()),
+            ENV_SUPERVISOR_PID: str(os.getpid()),
+            ENV_SUPERVISOR_START: repr(self._own_create_time),
+        })
+        assert self.events is not None
+        self.discovery = await self._etcd.start()
+        self.events.emit("start", "etcd", self._etcd.pid, role="etcd", address=self.discovery)
+
+    async def _on_control(self, request: dict[str, Any]) -> str:
+        if request.get("op") == "fault":
+            return await self.fault(str(request.get("name")), str(request.get("kind")))
+        raise ValueError(f"unknown control request {request!r}")
+
+    async def _guard(self, what: str, run: Callable[[], Awaitable[None]]) -> None:
+        """A side task must never fail the task group (that would cancel the stack's owner)."""
+        try:
+            await run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            if self.events is not None:
+                self.events.emit("error", what, os.getpid(), detail=traceback.format_exc())
+
+    async def _shutdown(self, failed: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.state = "stopping"
+        self._save_state()
+        assert self.supervisor is not None and self.events is not None
+        try:
+            await self.supervisor.stop()
+        finally:
+            self.supervisor.kill_all_now()
+            if self._etcd is not None:
+                with contextlib.suppress(Exception):
+                    code = await self._etcd.stop()
+                    self.events.emit("exit", "etcd", self._etcd.pid, code)
+            for task in self._side_tasks:
+                task.cancel()
+            if self._tg is not None:
+                with contextlib.suppress(BaseException):
+                    await self._tg.__aexit__(None, None, None)
+            if self.sampler is not None:
+                self.sampler.sample_once()
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.sampler.write)
+            self.state = "failed" if failed else "stopped"
+            self.events.emit("stack-" + self.state, "", os.getpid())
+            self._save_state()
+            self.events.close()
+
+    def _save_state(self) -> None:
+        write_state(self.run_dir, {
+            "run_dir": str(self.run_dir.resolve()),
+            "name": self.spec.name,
+            "state": self.state,
+            "error": self.error,
+            "supervisor_pid": os.getpid(),
+            "supervisor_create_time": self._own_create_time,
+            "frontend_url": self.frontend_url,
+            "model": self.model,
+            "discovery": self.discovery,
+            "grace_s": self.spec.grace_s,
+            "updated": time.time(),
+            "processes": [v.to_dict() for v in self.processes()],
+        })

@@ -1,0 +1,399 @@
+"""What to launch: fleets of engines (each with its sidecar) and one frontend.
+
+A TopologySpec comes from flags (launch.cli_options.spec_from_options), from a TOML file
+(TopologySpec.from_toml) or from code (TopologySpec.aggregated / .disaggregated). Every default
+is defined once: here for the launcher's own settings, in lab.serve.settings for the serving
+path (model name, socket settings).
+
+TOML layout (every key optional):
+
+    name = "exp1"                 # run name
+    model = "mocker-model"
+    router = "round-robin"
+    frontend_port = 0             # 0 = the OS picks
+    discovery = "file:/tmp/disc"  # default file:<run_dir>/discovery; also etcd://H:P, etcd
+    ready_timeout_s = 60
+    grace_s = 10
+    migration_limit = 0
+    enforce_disagg = false
+    # fleet defaults (apply to every [[fleet]] that does not set them)
+    speedup = 1000.0
+    decode_speedup = 1.0
+    engine_args = { max_num_seqs = 128 }
+    restart_engine = "never"
+    restart_sidecar = "on-failure"
+    extra_mocker_args = []
+
+    [sockets]                     # lab.serve.settings.SocketSettings
+    client_nodelay = true
+    server_nodelay = true
+    split_writes = false
+    pool_size = 2
+    http_nodelay = true
+
+    [[fleet]]                     # none -> one aggregated engine
+    role = "prefill"              # aggregated | prefill | decode
+    count = 1
+    speedup = 500.0               # per-fleet overrides of the defaults above
+    engine_args = { num_gpu_blocks = 4096 }   # merged over the top-level engine_args
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab.serve.router import DEFAULT_ROUTER, ROUTERS
+from lab.serve.settings import DEFAULT_MODEL, ROLES, SocketSettings
+from launch.errors import TopologyError
+
+DEFAULT_SPEEDUP = 1000.0
+DEFAULT_DECODE_SPEEDUP = 1.0
+RESTART_POLICIES = ("never", "on-failure", "always")
+DEFAULT_RESTART_ENGINE = "never"
+DEFAULT_RESTART_SIDECAR = "on-failure"
+DEFAULT_READY_TIMEOUT_S = 60.0
+DEFAULT_GRACE_S = 10.0
+DEFAULT_NAME = "lab"
+
+
+@dataclass
+class FleetSpec:
+    """`count` engines of one role, each with its own sidecar."""
+
+    role: str
+    count: int = 1
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    speedup: float = DEFAULT_SPEEDUP
+    decode_speedup: float = DEFAULT_DECODE_SPEEDUP
+    restart_engine: str = DEFAULT_RESTART_ENGINE
+    restart_sidecar: str = DEFAULT_RESTART_SIDECAR
+    extra_mocker_args: list[str] = field(default_factory=list)
+
+
+# Keys of FleetSpec that a topology can set for all fleets at once.
+FLEET_SETTINGS = (
+    "engine_args",
+    "speedup",
+    "decode_speedup",
+    "restart_engine",
+    "restart_sidecar",
+    "extra_mocker_args",
+)
+
+
+@dataclass
+class TopologySpec:
+    name: str = DEFAULT_NAME
+    fleets: list[FleetSpec] = field(default_factory=lambda: [FleetSpec("aggregated")])
+    model: str = DEFAULT_MODEL
+    router: str = DEFAULT_ROUTER
+    sockets: SocketSettings = field(default_factory=SocketSettings)
+    frontend_port: int = 0
+    discovery: str | None = None  # None -> file:<run_dir>/discovery; "etcd" -> a local etcd
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    grace_s: float = DEFAULT_GRACE_S
+    migration_limit: int = 0
+    enforce_disagg: bool = False
+
+    # -- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def aggregated(cls, engines: int = 1, **settings: Any) -> TopologySpec:
+        """`engines` aggregated engines; settings are TopologySpec fields or fleet settings."""
+        fleet_kw, topo_kw = _split_settings(settings)
+        spec = cls(fleets=[FleetSpec("aggregated", count=engines, **fleet_kw)], **topo_kw)
+        spec.validate()
+        return spec
+
+    @classmethod
+    def disaggregated(cls, prefill: int = 1, decode: int = 1, **settings: Any) -> TopologySpec:
+        fleet_kw, topo_kw = _split_settings(settings)
+        fleets = [
+            FleetSpec("prefill", count=prefill, **_copy(fleet_kw)),
+            FleetSpec("decode", count=decode, **_copy(fleet_kw)),
+        ]
+        spec = cls(fleets=fleets, **topo_kw)
+        spec.validate()
+        return spec
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> TopologySpec:
+        """Read a topology file; errors name the file, the line and the key."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise TopologyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise TopologyError(f"{path}: {exc}") from exc
+        return _from_mapping(data, _Locator(path, text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TopologySpec:
+        """Inverse of to_dict (used for state.json / the detached supervisor)."""
+        data = dict(data)
+        fleets = [FleetSpec(**f) for f in data.pop("fleets", [])]
+        sockets = SocketSettings(**data.pop("sockets", {}))
+        spec = cls(fleets=fleets or [FleetSpec("aggregated")], sockets=sockets, **data)
+        spec.validate()
+        return spec
+
+    # -- views --------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def disaggregated_mode(self) -> bool:
+        return any(f.role != "aggregated" for f in self.fleets)
+
+    def expected_workers(self) -> dict[str, int]:
+        """role -> number of workers the frontend must see before /health is 200."""
+        counts: dict[str, int] = {}
+        for fleet in self.fleets:
+            counts[fleet.role] = counts.get(fleet.role, 0) + fleet.count
+        return counts
+
+    def validate(self) -> None:
+        """Raise TopologyError naming the first bad setting."""
+        _validate_topology(self, _Locator(None, ""))
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _copy(kw: dict[str, Any]) -> dict[str, Any]:
+    return {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+            for k, v in kw.items()}
+
+
+def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    topo_fields = {f.name for f in dataclasses.fields(TopologySpec)} - {"fleets"}
+    fleet_kw: dict[str, Any] = {}
+    topo_kw: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in FLEET_SETTINGS:
+            fleet_kw[key] = value
+        elif key in topo_fields:
+            topo_kw[key] = value
+        else:
+            raise TypeError(f"unknown topology setting {key!r}")
+    return fleet_kw, topo_kw
+
+
+def parse_engine_args(value: str | dict[str, Any] | None, what: str = "--engine-args") -> dict:
+    """JSON text (starting with "{") or a path to a JSON file -> dict. Errors name `what`."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    text = value.strip()
+    if not text.startswith("{"):
+        try:
+            text = Path(value).read_text()
+        except OSError as exc:
+            raise TopologyError(
+                f"{what} {value!r}: not JSON and not a readable file ({exc.strerror or exc})"
+            ) from exc
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(f"{what} {value!r}: invalid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise TopologyError(f"{what} {value!r}: expected a JSON object")
+    return obj
+
+
+class _Locator:
+    """Finds the line of a key in a TOML text, so value errors can name it."""
+
+    _ARRAY = re.compile(r"^\s*\[\[\s*([A-Za-z0-9_.\-\"]+)\s*\]\]")
+    _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\"]+)\s*\]")
+    _KEY = re.compile(r"^\s*([A-Za-z0-9_.\-\"]+)\s*=")
+
+    def __init__(self, path: Path | None, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def line_of(self, keypath: tuple[str | int, ...]) -> int | None:
+        if not self.lines:
+            return None
+        table: tuple[str | int, ...] = ()
+        counters: dict[str, int] = {}
+        best: int | None = None
+        for number, line in enumerate(self.lines, start=1):
+            if m := self._ARRAY.match(line):
+                name = m.group(1).strip('"')
+                counters[name] = counters.get(name, -1) + 1
+                table = (*name.split("."), counters[name])
+            elif m := self._TABLE.match(line):
+                table = tuple(m.group(1).strip('"').split("."))
+            if m:
+                if best is None and table[: len(keypath)] == keypath:
+                    best = number
+                continue
+            if m := self._KEY.match(line):
+                full = (*table, *m.group(1).strip('"').split("."))
+                # an exact key, or the key holding an inline table / array the error is inside
+                if keypath[: len(full)] == full:
+                    return number
+        return best
+
+    def error(self, keypath: tuple[str | int, ...], problem: str) -> TopologyError:
+        dotted = ""
+        for part in keypath:
+            dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else part)
+        where = ""
+        if self.path is not None:
+            line = self.line_of(keypath)
+            where = f"{self.path}:{line}: " if line else f"{self.path}: "
+        return TopologyError(f"{where}{dotted or 'topology'}: {problem}")
+
+
+_TOP_KEYS = {f.name for f in dataclasses.fields(TopologySpec)} - {"fleets"}
+_TOML_TOP_KEYS = (_TOP_KEYS | set(FLEET_SETTINGS) | {"fleet"})
+_FLEET_KEYS = {f.name for f in dataclasses.fields(FleetSpec)}
+_SOCKET_KEYS = {f.name for f in dataclasses.fields(SocketSettings)}
+
+
+def _from_mapping(data: dict[str, Any], loc: _Locator) -> TopologySpec:
+    for key in data:
+        if key not in _TOML_TOP_KEYS:
+            raise loc.error((key,), f"unknown key (known: {', '.join(sorted(_TOML_TOP_KEYS))})")
+    sockets_data = data.get("sockets", {})
+    if not isinstance(sockets_data, dict):
+        raise loc.error(("sockets",), "expected a table")
+    for key in sockets_data:
+        if key not in _SOCKET_KEYS:
+            raise loc.error(
+                ("sockets", key), f"unknown key (known: {', '.join(sorted(_SOCKET_KEYS))})"
+            )
+    defaults = {k: data[k] for k in FLEET_SETTINGS if k in data}
+    fleets_data = data.get("fleet", [{"role": "aggregated"}])
+    if not isinstance(fleets_data, list):
+        raise loc.error(("fleet",), "expected an array of tables ([[fleet]])")
+    fleets: list[FleetSpec] = []
+    for index, entry in enumerate(fleets_data):
+        if not isinstance(entry, dict):
+            raise loc.error(("fleet", index), "expected a table")
+        for key in entry:
+            if key not in _FLEET_KEYS:
+                raise loc.error(
+                    ("fleet", index, key), f"unknown key (known: {', '.join(sorted(_FLEET_KEYS))})"
+                )
+        if "role" not in entry:
+            raise loc.error(("fleet", index), "missing key 'role' (aggregated|prefill|decode)")
+        merged = {**_copy(defaults), **entry}
+        if isinstance(defaults.get("engine_args"), dict) and isinstance(
+            entry.get("engine_args"), dict
+        ):
+            merged["engine_args"] = {**defaults["engine_args"], **entry["engine_args"]}
+        fleets.append(FleetSpec(**merged))
+    topo = {k: data[k] for k in _TOP_KEYS if k in data and k != "sockets"}
+    spec = TopologySpec(fleets=fleets, **topo)
+    # sockets last: wrong types are reported by the validator with their key
+    spec.sockets = SocketSettings(**{**dataclasses.asdict(SocketSettings()), **sockets_data})
+    _validate_topology(spec, loc, fleets_from_file="fleet" in data, defaults=defaults)
+    return spec
+
+
+def _validate_topology(
+    spec: TopologySpec,
+    loc: _Locator,
+    fleets_from_file: bool = True,
+    defaults: dict[str, Any] | None = None,
+) -> None:
+    defaults = defaults or {}
+
+    def fleet_key(index: int, key: str) -> tuple[str | int, ...]:
+        # a fleet value that came from a top-level default is reported at the default's line
+        if key in defaults and (not fleets_from_file or loc.line_of(("fleet", index, key)) is None):
+            return (key,)
+        return ("fleet", index, key)
+
+    _check_str(spec.name, ("name",), loc)
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", spec.name):
+        raise loc.error(("name",), f"{spec.name!r}: use letters, digits, '.', '_' or '-'")
+    _check_str(spec.model, ("model",), loc)
+    if spec.router not in ROUTERS:
+        raise loc.error(("router",), f"{spec.router!r}: expected one of {', '.join(ROUTERS)}")
+    _check_int(spec.frontend_port, ("frontend_port",), loc, 0, 65535)
+    if spec.discovery is not None:
+        _check_str(spec.discovery, ("discovery",), loc)
+        if not _discovery_ok(spec.discovery):
+            raise loc.error(("discovery",), f"{spec.discovery!r}: expected file:DIR, "
+                            "etcd://HOST:PORT[/prefix], or etcd (a local etcd for the run)")
+    _check_number(spec.ready_timeout_s, ("ready_timeout_s",), loc, minimum=0.1)
+    _check_number(spec.grace_s, ("grace_s",), loc, minimum=0)
+    _check_int(spec.migration_limit, ("migration_limit",), loc, 0, 1000)
+    _check_bool(spec.enforce_disagg, ("enforce_disagg",), loc)
+    sockets = spec.sockets
+    for key in ("client_nodelay", "server_nodelay", "split_writes", "http_nodelay"):
+        _check_bool(getattr(sockets, key), ("sockets", key), loc)
+    _check_int(sockets.pool_size, ("sockets", "pool_size"), loc, 1, 1024)
+    if not spec.fleets:
+        raise loc.error(("fleet",), "at least one fleet is needed")
+    for index, fleet in enumerate(spec.fleets):
+        if fleet.role not in ROLES:
+            raise loc.error(
+                ("fleet", index, "role"), f"{fleet.role!r}: expected one of {', '.join(ROLES)}"
+            )
+        _check_int(fleet.count, ("fleet", index, "count"), loc, 1, 256)
+        if not isinstance(fleet.engine_args, dict):
+            raise loc.error(fleet_key(index, "engine_args"), "expected a table / JSON object")
+        _check_number(fleet.speedup, fleet_key(index, "speedup"), loc, minimum=0)
+        _check_number(fleet.decode_speedup, fleet_key(index, "decode_speedup"), loc, minimum=0)
+        for key in ("restart_engine", "restart_sidecar"):
+            value = getattr(fleet, key)
+            if value not in RESTART_POLICIES:
+                raise loc.error(
+                    fleet_key(index, key),
+                    f"{value!r}: expected one of {', '.join(RESTART_POLICIES)}",
+                )
+        if not isinstance(fleet.extra_mocker_args, list) or not all(
+            isinstance(a, str) for a in fleet.extra_mocker_args
+        ):
+            raise loc.error(fleet_key(index, "extra_mocker_args"), "expected a list of strings")
+    roles = {f.role for f in spec.fleets}
+    if "aggregated" in roles and len(roles) > 1:
+        raise loc.error(("fleet",), "aggregated fleets cannot be mixed with prefill/decode fleets")
+    if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
+        missing = ({"prefill", "decode"} - roles).pop()
+        raise loc.error(("fleet",), f"a disaggregated topology needs a {missing} fleet")
+
+
+def _discovery_ok(spec: str) -> bool:
+    if spec == "etcd":
+        return True
+    for prefix in ("file:", "etcd://"):
+        if spec.startswith(prefix) and len(spec) > len(prefix):
+            return True
+    return False
+
+
+def _check_str(value: Any, key: tuple, loc: _Locator) -> None:
+    if not isinstance(value, str) or not value:
+        raise loc.error(key, f"expected a non-empty string, got {value!r}")
+
+
+def _check_bool(value: Any, key: tuple, loc: _Locator) -> None:
+    if not isinstance(value, bool):
+        raise loc.error(key, f"expected true or false, got {value!r}")
+
+
+def _check_int(value: Any, key: tuple, loc: _Locator, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise loc.error(key, f"expected an integer in [{low}, {high}], got {value!r}")
+
+
+def _check_number(value: Any, key: tuple, loc: _Locator, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise loc.error(key, f"expected a number >= {minimum:g}, got {value!r}")

@@ -1,0 +1,5 @@
+"""`python -m mocker` = the `mocker` command."""
+
+from mocker.cli import main
+
+main()

@@ -1,0 +1,67 @@
+"""Cost of one scheduler pass (the engine loop's hot path), for `mocker bench`.
+
+`bench_pass_cost(running)` reports microseconds per `Scheduler.step` with `running` decode
+sequences (speedup 0, deterministic BLAKE3 tokens, one Signal per request per pass).
+`long_running_scheduler(n)` builds a scheduler whose n requests decode for a long time; the
+server side uses it for the wall-clock drift measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from .config import EngineArgs
+from .scheduler import EngineRequest, Scheduler
+from .tokens import token_deriver
+
+BENCH_SEED = 42
+BENCH_PROMPT_LEN = 128
+BENCH_MAX_OUTPUT = 1_000_000
+
+
+def long_running_scheduler(
+    running: int,
+    args: EngineArgs | None = None,
+    *,
+    prompt_len: int = BENCH_PROMPT_LEN,
+    max_output_tokens: int = BENCH_MAX_OUTPUT,
+    now_ms: float = 0.0,
+) -> Scheduler:
+    """A scheduler with `running` requests admitted and past prefill (all decoding).
+
+    Defaults: the reference trtllm engine args with speedup 0 and max_num_seqs raised to
+    `running` if needed. Prefill passes are run at `now_ms` (their modeled time is ignored).
+    """
+    if args is None:
+        args = EngineArgs(speedup_ratio=0.0)
+    if args.max_num_seqs < running:
+        args = replace(args, max_num_seqs=running)
+    sched = Scheduler(args)
+    for i in range(running):
+        key = f"bench-{i}"
+        prompt = [(i * 7919 + j) % 30000 + 1000 for j in range(prompt_len)]
+        sched.add(EngineRequest(key, prompt, max_output_tokens, token_deriver(BENCH_SEED, key)))
+    while sched.metrics().waiting or any(_prefilling(sched)):
+        sched.step(now_ms)
+    return sched
+
+
+def _prefilling(sched: Scheduler) -> list[bool]:
+    return [r.computed < r.prompt_len for r in sched._running]
+
+
+def bench_pass_cost(running: int, *, passes: int | None = None, repeats: int = 3) -> float:
+    """Median-of-`repeats` microseconds per pass with `running` decode sequences (speedup 0)."""
+    if passes is None:
+        passes = max(200, 20000 // max(running, 1))
+    sched = long_running_scheduler(running)
+    step = sched.step
+    best: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in range(passes):
+            step(0.0)
+        best.append((time.perf_counter_ns() - t0) / passes / 1000.0)
+    best.sort()
+    return best[len(best) // 2]

@@ -1,0 +1,171 @@
+"""Engine arguments of the simulated engine: the one place engine defaults live.
+
+Defaults match the reference mocker's TensorRT-LLM server (design.md, "Defaults that must
+match the reference engine simulator"): block size 32, 16384 KV blocks, 256 running sequences,
+8192 batched tokens per pass, prefix caching and chunked prefill on, speedup 1.0, 64 GB/s KV
+transfer and 131072 KV bytes per token (32 layers x 2 x 8 KV heads x 128 head dim x 2 bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENGINE_TYPES = ("trtllm", "vllm")
+DEFAULT_ENGINE_TYPE = "trtllm"
+#: block size used when the JSON does not give one, per engine type (reference builder defaults)
+DEFAULT_BLOCK_SIZE = {"trtllm": 32, "vllm": 64}
+DEFAULT_NUM_GPU_BLOCKS = 16384
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS = 64.0
+#: 32 layers x 2 (K and V) x 8 KV heads x 128 head dim x 2 bytes (bf16)
+DEFAULT_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
+TIMING_TYPES = ("polynomial", "fixed", "profile")
+
+
+def _default_timing() -> dict[str, Any]:
+    return {"type": "polynomial"}
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Scheduler, KV pool and timing parameters. Construct via `from_json`/`load_engine_args`
+    to get validation and the per-engine block-size default; direct construction validates too."""
+
+    engine_type: str = DEFAULT_ENGINE_TYPE
+    num_gpu_blocks: int = DEFAULT_NUM_GPU_BLOCKS
+    block_size: int = DEFAULT_BLOCK_SIZE[DEFAULT_ENGINE_TYPE]
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    speedup_ratio: float = 1.0
+    decode_speedup_ratio: float = 1.0
+    kv_transfer_bandwidth: float = DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS
+    kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
+    timing: dict[str, Any] = field(default_factory=_default_timing)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> EngineArgs:
+        """Build from a flat JSON object; unknown keys raise ValueError naming the key.
+
+        `block_size` defaults per engine type (trtllm 32, vllm 64) when not given.
+        """
+        if not isinstance(obj, dict):
+            raise ValueError(f"engine args must be a JSON object, got {type(obj).__name__}")
+        known = {f.name for f in fields(cls)}
+        for key in obj:
+            if key not in known:
+                raise ValueError(
+                    f"unknown engine arg {key!r} (known: {', '.join(sorted(known))})"
+                )
+        kwargs = dict(obj)
+        engine_type = kwargs.get("engine_type", DEFAULT_ENGINE_TYPE)
+        if "block_size" not in kwargs and engine_type in DEFAULT_BLOCK_SIZE:
+            kwargs["block_size"] = DEFAULT_BLOCK_SIZE[engine_type]
+        return cls(**kwargs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def with_overrides(self, **overrides: Any) -> EngineArgs:
+        """A copy with some fields replaced (validated; unknown names raise ValueError)."""
+        known = {f.name for f in fields(self)}
+        for key in overrides:
+            if key not in known:
+                raise ValueError(f"unknown engine arg {key!r}")
+        return replace(self, **overrides)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """KV pool size in tokens."""
+        return self.num_gpu_blocks * self.block_size
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, int | float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _validate(a: EngineArgs) -> None:
+    if a.engine_type not in ENGINE_TYPES:
+        raise ValueError(
+            f"engine_type must be one of {', '.join(ENGINE_TYPES)}, got {a.engine_type!r}"
+        )
+    for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                 "kv_bytes_per_token"):
+        v = getattr(a, name)
+        if not _is_int(v) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if a.engine_type == "trtllm" and a.block_size < 2:
+        raise ValueError(f"block_size must be >= 2 for trtllm, got {a.block_size!r}")
+    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        v = getattr(a, name)
+        if not isinstance(v, bool):
+            raise ValueError(f"{name} must be true or false, got {v!r}")
+    for name in ("speedup_ratio", "decode_speedup_ratio", "kv_transfer_bandwidth"):
+        v = getattr(a, name)
+        if not _is_num(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    _validate_timing(a.timing)
+
+
+def _validate_timing(t: Any) -> None:
+    if not isinstance(t, dict):
+        raise ValueError(f"timing must be an object like {{\"type\": \"polynomial\"}}, got {t!r}")
+    kind = t.get("type", "polynomial")
+    if kind not in TIMING_TYPES:
+        raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
+    allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
+               "profile": {"type", "path"}}[kind]
+    for key in t:
+        if key not in allowed:
+            raise ValueError(f"unknown key timing.{key} for timing type {kind!r}")
+    if kind == "fixed":
+        for name in ("prefill_ms", "decode_ms"):
+            v = t.get(name)
+            if not _is_num(v) or v < 0:
+                raise ValueError(f"timing.{name} must be a finite number >= 0, got {v!r}")
+    if kind == "profile":
+        p = t.get("path")
+        if not isinstance(p, str) or not p:
+            raise ValueError(f"timing.path must be a non-empty file path, got {p!r}")
+
+
+def load_engine_args(text_or_path: str | None, **overrides: Any) -> EngineArgs:
+    """Engine args from inline JSON (text starting with "{"), a JSON file path, or None/"".
+
+    Keyword overrides (e.g. speedup_ratio from the command line) win over the JSON. Errors
+    (bad JSON, missing file, unknown key, bad value) raise ValueError with a message naming
+    the problem.
+    """
+    obj: dict[str, Any] = {}
+    if text_or_path is not None and text_or_path.strip():
+        text = text_or_path.strip()
+        if text.startswith("{"):
+            source = "inline engine args"
+        else:
+            path = Path(text)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise ValueError(f"cannot read engine args file {str(path)!r}: {exc}") from exc
+            source = f"engine args file {str(path)!r}"
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source} is not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ValueError(f"{source} must be a JSON object")
+    merged = {**obj, **{k: v for k, v in overrides.items() if v is not None}}
+    return EngineArgs.from_json(merged)

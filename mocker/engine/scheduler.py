@@ -1,0 +1,516 @@
+"""The vLLM-style scheduler pass loop (mocker-model.md section 2.3). Pure: the caller owns time.
+
+One `step(now_ms)` is one forward pass:
+
+1. ``budget = max_num_batched_tokens``.
+2. Running requests first, oldest first. A decode-ready request (KV covers its whole sequence
+   but the last sampled token) schedules 1 token; a prefilling request schedules
+   ``min(remaining, budget)`` tokens (chunked prefill), or waits for a pass with enough budget
+   when chunked prefill is off. Blocks are allocated for the tokens scheduled this pass. If the
+   pool is exhausted: policy ``vllm`` preempts the newest running request (LIFO), releasing its
+   blocks and pushing it to the **front** of waiting with ``num_computed = 0`` (recompute:
+   prompt plus already generated tokens), and retries; policy ``trtllm`` never preempts (its
+   admission reserved enough; a failure is counted in ``EngineMetrics.alloc_stalls``).
+3. Then waiting requests, FIFO, while ``running < max_num_seqs``, budget remains and nothing
+   was preempted this pass. Requests whose ``ready_at_ms`` is in the future (KV transfer) are
+   skipped without blocking the queue. Admission (``_try_admit``):
+
+   * ``vllm``: admit iff ``ceil(seq_len / bs) - active cached prefix blocks <= free``.
+   * ``trtllm`` (GUARANTEED_NO_EVICT): ``needed = ceil((prompt + max_out) / bs) - active
+     cached prefix blocks``; ``available = free - sum(to-completion blocks still missing from
+     every running request)``; admit iff ``needed <= available``.
+
+   Otherwise the request **waits** and the loop stops (head of line).
+4. Timing: ``prefill_ms(T)`` on T = new prompt tokens scheduled this pass, plus ``decode_ms``
+   on the sum of sequence lengths of the decode set when it is not empty.
+5. At pass end every request whose KV now covers its whole sequence emits one token.
+
+First token (section 2.3 item 6, our reading): the pass that finishes a prompt emits the first
+token under both policies (real engines sample it from the context phase). The policies differ
+in what that costs: ``vllm`` samples it from the prefill itself (the request is not part of
+the pass's decode set: no decode time is charged for it), while ``trtllm`` does not sample
+from prefill, so the request joins that pass's decode set (its sequence counts in p and the
+pass is charged a decode step). Exception, as the reference's prefill workers do: a request
+whose whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with
+zero decode time under both policies.
+
+Normalization at `add` (both policies, so a request always fits once alone): a prompt that
+fills the pool (``prompt_len >= num_gpu_blocks * block_size``) or, with chunked prefill off,
+exceeds ``max_num_batched_tokens`` is rejected (``Signal(rejected=True, completed=True,
+token_id=None)`` on the next pass); ``max_output_tokens`` is clamped to
+``capacity_tokens - prompt_len``.
+
+Handoff (decode leg): ``kv_transferred=True`` admits with the prompt KV present (blocks
+allocated, no prefill compute, unless it was preempted and must recompute); ``first_position``
+is the first position this engine emits (positions below it were replayed by the server);
+the request completes after position ``max_output_tokens - 1``. If ``first_position >=
+max_output_tokens`` nothing is generated: a ``Signal(token_id=None, completed=True)`` is queued.
+
+Prefix caching: only full prompt blocks are cached (see kv_pool). A prefix hit is capped at
+``seq_len - 1`` tokens (the last prompt token is always recomputed) and is reported once, on
+the request's first signal, as ``cached_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .config import EngineArgs
+from .kv_pool import ROOT_HASH, KvPool, block_hashes
+from .timing import TimingModel
+
+_WAITING = 0
+_RUNNING = 1
+_DONE = 2
+_RECENT_PASSES = 256
+
+
+@dataclass
+class EngineRequest:
+    key: str  # unique in-flight key (the server uses the request_id)
+    prompt: list[int]
+    max_output_tokens: int
+    token_at: Callable[[int], int]  # position -> token id
+    first_position: int = 0  # decode after handoff: 1 (position 0 was replayed)
+    kv_transferred: bool = False  # decode after handoff: prompt KV already present
+    ready_at_ms: float = 0.0  # not schedulable before this simulated time
+
+
+@dataclass(slots=True)
+class Signal:
+    """One per request per pass that produced something."""
+
+    key: str
+    token_id: int | None  # None when rejected (or when nothing was left to generate)
+    position: int
+    completed: bool
+    rejected: bool = False
+    cached_tokens: int | None = None  # on the request's first signal only
+
+
+@dataclass(slots=True)
+class PassResult:
+    duration_ms: float  # modeled time of the pass, already divided by speedup
+    signals: list[Signal]
+    batch_size: int = 0  # requests that scheduled tokens this pass
+    prefill_tokens: int = 0  # new prompt (or recompute) tokens computed this pass
+    decode_requests: int = 0  # requests in the decode set (charged decode time)
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    running: int
+    waiting: int
+    used_blocks: int  # active blocks
+    total_blocks: int
+    preemptions: int
+    last_batch_size: int
+    last_pass_ms: float
+    passes: int
+    inactive_blocks: int = 0  # cached, reusable, evictable
+    free_blocks: int = 0  # total - used
+    evictions: int = 0
+    rejected: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    alloc_stalls: int = 0  # trtllm: running request could not grow (should stay 0)
+    tokens_emitted: int = 0
+    prefill_tokens: int = 0  # total computed
+    cached_tokens: int = 0  # total prefix-cache hits reported
+    busy_ms: float = 0.0  # sum of pass durations
+    recent_passes: tuple[tuple[int, float], ...] = field(default=())  # (batch size, ms), last 256
+
+
+class _Req:
+    """Scheduler-side state of one request."""
+
+    __slots__ = (
+        "cached",
+        "computed",
+        "dec",
+        "hashes",
+        "key",
+        "kv_present",
+        "max_out",
+        "n_full",
+        "n_shared",
+        "pos",
+        "private",
+        "prompt",
+        "prompt_len",
+        "ready_at",
+        "reported",
+        "reserve",
+        "sched",
+        "state",
+        "token_at",
+    )
+
+    def __init__(self, req: EngineRequest, max_out: int, reserve: int) -> None:
+        self.key = req.key
+        self.prompt = req.prompt
+        self.prompt_len = len(req.prompt)
+        self.max_out = max_out
+        self.token_at = req.token_at
+        self.pos = req.first_position  # next position to emit
+        self.kv_present = req.kv_transferred
+        self.ready_at = req.ready_at_ms
+        self.reserve = reserve  # trtllm to-completion blocks
+        self.computed = 0  # tokens whose KV is present
+        self.hashes: list[bytes] | None = None  # prompt block hashes (lazy)
+        self.n_full = 0  # full prompt blocks that get cached (0 without prefix caching)
+        self.n_shared = 0  # leading prompt blocks held as cached blocks
+        self.private = 0  # private blocks held
+        self.cached = 0  # prefix hit tokens at first admission
+        self.reported = False  # first signal sent
+        self.sched = 0  # tokens scheduled in the current pass
+        self.dec = False  # in the current pass: a decode step (not prefill/recompute)
+        self.state = _WAITING
+
+
+class Scheduler:
+    """One engine's scheduler. Not thread-safe; call from one task."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        self._bs = args.block_size
+        self._pool = KvPool(args.num_gpu_blocks)
+        self._timing = TimingModel(args)
+        self._vllm = args.engine_type == "vllm"
+        self._caching = args.enable_prefix_caching
+        self._chunked = args.enable_chunked_prefill
+        self._budget = args.max_num_batched_tokens
+        self._max_seqs = args.max_num_seqs
+        self._capacity = args.num_gpu_blocks * args.block_size
+        self._running: list[_Req] = []
+        self._waiting: deque[_Req] = deque()
+        self._reqs: dict[str, _Req] = {}
+        self._pending: list[Signal] = []
+        self._outstanding = 0  # trtllm: sum over running of (reserve - held)
+        self._now = float("-inf")
+        self._recent: deque[tuple[int, float]] = deque(maxlen=_RECENT_PASSES)
+        # counters
+        self._passes = 0
+        self._preemptions = 0
+        self._rejected = 0
+        self._completed = 0
+        self._cancelled = 0
+        self._alloc_stalls = 0
+        self._tokens = 0
+        self._prefill_total = 0
+        self._cached_total = 0
+        self._busy_ms = 0.0
+        self._last_batch = 0
+        self._last_ms = 0.0
+
+    # ---- public API ---------------------------------------------------------------------
+    def add(self, req: EngineRequest) -> None:
+        """Queue a request. Never-fit requests are rejected by a signal on the next pass.
+
+        Raises ValueError on a duplicate in-flight key, an empty prompt or max_output_tokens < 1.
+        """
+        if req.key in self._reqs:
+            raise ValueError(f"request {req.key!r} is already active")
+        plen = len(req.prompt)
+        if plen == 0:
+            raise ValueError("prompt must not be empty")
+        if req.max_output_tokens < 1:
+            raise ValueError("max_output_tokens must be >= 1")
+        if plen >= self._capacity or (not self._chunked and plen > self._budget):
+            self._rejected += 1
+            self._pending.append(Signal(req.key, None, req.first_position, True, True))
+            return
+        if req.first_position >= req.max_output_tokens:
+            self._pending.append(Signal(req.key, None, req.first_position, True))
+            return
+        max_out = min(req.max_output_tokens, self._capacity - plen)
+        bs = self._bs
+        r = _Req(req, max_out, -(-(plen + max_out) // bs))
+        if self._caching:
+            r.n_full = plen // bs
+        self._reqs[r.key] = r
+        self._waiting.append(r)
+
+    def cancel(self, key: str) -> bool:
+        """Stop a request and release its blocks. False if unknown or already finished."""
+        r = self._reqs.pop(key, None)
+        if r is None:
+            return False
+        if r.state == _RUNNING:
+            self._running.remove(r)
+            self._release(r)
+        else:
+            self._waiting.remove(r)
+        self._cancelled += 1
+        return True
+
+    def has_work(self, now_ms: float | None = None) -> bool:
+        """True if a step would do something: pending signals, running or waiting requests.
+
+        With `now_ms`, waiting requests whose ``ready_at_ms`` is still in the future do not
+        count (use `next_ready_ms` to know when to wake up).
+        """
+        if self._pending or self._running:
+            return True
+        if now_ms is None:
+            return bool(self._waiting)
+        return any(r.ready_at <= now_ms for r in self._waiting)
+
+    def next_ready_ms(self, now_ms: float | None = None) -> float | None:
+        """Earliest ``ready_at_ms`` among waiting requests not yet ready at `now_ms`
+        (default: the time of the last step)."""
+        now = self._now if now_ms is None else now_ms
+        best: float | None = None
+        for r in self._waiting:
+            if r.ready_at > now and (best is None or r.ready_at < best):
+                best = r.ready_at
+        return best
+
+    def is_active(self, key: str) -> bool:
+        return key in self._reqs
+
+    def metrics(self) -> EngineMetrics:
+        pool = self._pool
+        return EngineMetrics(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            used_blocks=pool.active,
+            total_blocks=pool.total,
+            preemptions=self._preemptions,
+            last_batch_size=self._last_batch,
+            last_pass_ms=self._last_ms,
+            passes=self._passes,
+            inactive_blocks=pool.inactive,
+            free_blocks=pool.free,
+            evictions=pool.evictions,
+            rejected=self._rejected,
+            completed=self._completed,
+            cancelled=self._cancelled,
+            alloc_stalls=self._alloc_stalls,
+            tokens_emitted=self._tokens,
+            prefill_tokens=self._prefill_total,
+            cached_tokens=self._cached_total,
+            busy_ms=self._busy_ms,
+            recent_passes=tuple(self._recent),
+        )
+
+    # ---- the pass -----------------------------------------------------------------------
+    def step(self, now_ms: float) -> PassResult:
+        """Run one pass starting at `now_ms`; returns its modeled duration and the signals
+        that become visible at pass end (``now_ms + duration_ms``)."""
+        self._now = now_ms
+        signals = self._pending
+        self._pending = []
+        bs = self._bs
+        pool = self._pool
+        running = self._running
+        budget = self._budget
+        batch: list[_Req] = []
+        prefill_tokens = 0
+        decode_kv = 0
+        n_decode = 0
+        preempted = False
+
+        # 1. running requests first
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            computed = r.computed
+            seq = r.prompt_len + r.pos
+            need = seq - computed
+            dec = need <= 1 and computed >= r.prompt_len
+            if need <= budget:  # always true for a decode step (budget > 0)
+                n = need
+            elif self._chunked:
+                n = budget
+            else:
+                i += 1
+                continue
+            extra = -(-(computed + n) // bs) - r.n_shared - r.private
+            if extra > 0:
+                if not pool.alloc_private(extra):
+                    if not self._vllm:
+                        self._alloc_stalls += 1
+                        i += 1
+                        continue
+                    fitted = False
+                    while True:
+                        victim = running[-1]
+                        self._preempt(victim)
+                        preempted = True
+                        if victim is r:
+                            break
+                        if pool.alloc_private(extra):
+                            fitted = True
+                            break
+                    if not fitted:
+                        break
+                r.private += extra
+                self._outstanding -= extra
+            if dec:
+                decode_kv += seq
+                n_decode += 1
+            else:
+                prefill_tokens += n
+            r.dec = dec
+            budget -= n
+            r.sched = n
+            batch.append(r)
+            i += 1
+
+        # 2. then waiting requests, FIFO
+        waiting = self._waiting
+        if waiting and not preempted:
+            deferred: list[_Req] = []
+            max_seqs = self._max_seqs
+            while waiting and budget > 0 and len(running) < max_seqs:
+                r = waiting[0]
+                if r.ready_at > now_ms:
+                    deferred.append(waiting.popleft())
+                    continue
+                n = self._try_admit(r, budget)
+                if n < 0:
+                    break
+                waiting.popleft()
+                r.state = _RUNNING
+                running.append(r)
+                seq = r.prompt_len + r.pos
+                dec = r.computed >= r.prompt_len and seq - r.computed <= 1
+                if dec:
+                    decode_kv += seq
+                    n_decode += 1
+                else:
+                    prefill_tokens += n
+                r.dec = dec
+                budget -= n
+                r.sched = n
+                batch.append(r)
+            if deferred:
+                waiting.extendleft(reversed(deferred))
+
+        # 3. pass end: advance, register full prompt blocks, emit tokens
+        trt = not self._vllm
+        caching = self._caching
+        any_done = False
+        emitted = 0
+        for r in batch:
+            r.computed += r.sched
+            if caching and r.n_shared < r.n_full:
+                self._register(r)
+            pos = r.pos
+            if r.computed != r.prompt_len + pos:
+                continue  # prefill chunk still incomplete
+            if trt and not r.dec and r.max_out != 1:
+                decode_kv += r.prompt_len + pos  # trtllm: first token is a decode step
+                n_decode += 1
+            r.pos = pos + 1
+            done = r.pos >= r.max_out
+            if r.reported:
+                signals.append(Signal(r.key, r.token_at(pos), pos, done))
+            else:
+                r.reported = True
+                self._cached_total += r.cached
+                signals.append(Signal(r.key, r.token_at(pos), pos, done, False, r.cached))
+            emitted += 1
+            if done:
+                any_done = True
+                r.state = _DONE  # removed from running below
+                del self._reqs[r.key]
+                self._release(r)
+                self._completed += 1
+        if any_done:
+            self._running = [r for r in running if r.state == _RUNNING]
+
+        timing = self._timing
+        duration = timing.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
+        if n_decode:
+            duration += timing.decode_ms(decode_kv)
+        nb = len(batch)
+        self._passes += 1
+        self._tokens += emitted
+        self._prefill_total += prefill_tokens
+        self._busy_ms += duration
+        self._last_batch = nb
+        self._last_ms = duration
+        self._recent.append((nb, duration))
+        return PassResult(duration, signals, nb, prefill_tokens, n_decode)
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _try_admit(self, r: _Req, budget: int) -> int:
+        """Admit `r` and allocate its blocks for this pass; tokens scheduled, or -1 to wait."""
+        pool = self._pool
+        bs = self._bs
+        plen = r.prompt_len
+        seq = plen + r.pos
+        matched = active = 0
+        if self._caching:
+            if r.hashes is None:
+                r.hashes = block_hashes(r.prompt, bs)
+            matched, active = pool.lookup(r.hashes, r.n_full)
+        hit = min(matched * bs, seq - 1)
+        computed = plen if r.kv_present else hit
+        if self._vllm:
+            if -(-seq // bs) - active > pool.free:
+                return -1
+        elif r.reserve - active > pool.free - self._outstanding:
+            return -1
+        need = seq - computed
+        if need <= budget:  # budget > 0, so a decode step always fits
+            n = need
+        elif self._chunked:
+            n = budget
+        else:
+            return -1
+        extra = -(-(computed + n) // bs) - matched
+        if matched:
+            pool.acquire(r.hashes[:matched])  # type: ignore[index]
+        if not pool.alloc_private(extra):  # cannot happen after the checks above
+            if matched:
+                pool.release(r.hashes[:matched])  # type: ignore[index]
+            return -1
+        r.n_shared = matched
+        r.private = extra
+        r.computed = computed
+        if not r.reported:
+            r.cached = hit
+        if not self._vllm:
+            self._outstanding += r.reserve - matched - extra
+        return n
+
+    def _register(self, r: _Req) -> None:
+        """Cache the prompt blocks `r` completed this pass (private -> shared)."""
+        full = min(r.computed, r.prompt_len) // self._bs
+        if full > r.n_full:
+            full = r.n_full
+        hashes = r.hashes
+        if hashes is None:
+            hashes = r.hashes = block_hashes(r.prompt, self._bs)
+        pool = self._pool
+        k = r.n_shared
+        while k < full:
+            pool.register(hashes[k], hashes[k - 1] if k else ROOT_HASH)
+            r.private -= 1
+            k += 1
+        r.n_shared = k
+
+    def _release(self, r: _Req) -> None:
+        pool = self._pool
+        if r.n_shared:
+            pool.release(r.hashes[: r.n_shared])  # type: ignore[index]
+        pool.free_private(r.private)
+        if not self._vllm:
+            self._outstanding -= r.reserve - r.n_shared - r.private
+        r.n_shared = 0
+        r.private = 0
+
+    def _preempt(self, r: _Req) -> None:
+        """vllm LIFO preemption with recompute: r is the last running request."""
+        self._running.pop()
+        self._release(r)
+        r.computed = 0
+        r.kv_present = False  # the transferred KV is gone: recompute
+        r.state = _WAITING
+        self._waiting.appendleft(r)
+        self._preemptions += 1

@@ -1,0 +1,127 @@
+"""Assemble and run the mocker's gRPC server.
+
+One grpc.aio server on one port serves openengine.v1 Inference + Control, grpc.health.v1, the
+admin service and the request recorder. Graceful stop (SIGTERM/SIGINT): every health service
+NOT_SERVING (liveness first), Watch streams end, in-flight requests get `grace_s` to finish, then
+the engine loop stops and `serve` returns 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+
+import grpc
+
+from lab.wire import constants as wc
+from lab.wire.ready import format_ready
+from mocker.engine import EngineArgs, Scheduler
+
+from .admin import Admin
+from .config import ServerConfig
+from .control import Control
+from .health import NOT_SERVING, SERVING, HealthServicer
+from .inference import Inference
+from .pb import admin_pb2_grpc, health_pb2_grpc, openengine_pb2_grpc
+from .state import ServerState
+
+log = logging.getLogger("mocker.server")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: The real TRT-LLM OpenEngine servicer's channel options (openengine-v1.md section 9).
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+class MockerServer:
+    """The server and its state; `start()` binds, `run_until_stopped()` serves until stop()."""
+
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        listen: str,
+        scheduler_factory: Callable[[EngineArgs], Scheduler] = Scheduler,
+    ) -> None:
+        self.cfg = cfg
+        self.listen = listen
+        self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
+        self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        openengine_pb2_grpc.add_InferenceServicer_to_server(Inference(self.state), self.server)
+        openengine_pb2_grpc.add_ControlServicer_to_server(Control(self.state), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.state), self.server)
+        self.server.add_generic_rpc_handlers([self.state.recorder.handler()])
+        self.address = ""
+        self._stop = asyncio.Event()
+
+    async def start(self) -> str:
+        """Bind and start; returns the bound "host:port"."""
+        host, _, _ = self.listen.rpartition(":")
+        port = self.server.add_insecure_port(self.listen)
+        await self.server.start()
+        self.address = f"{host}:{port}"
+        return self.address
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _watchdog(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = max(0.05, min(1.0, self.cfg.stall_timeout_s / 4))
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period)
+            self.state.check_stalls(loop.time())
+
+    async def run_until_stopped(self, on_ready: Callable[[str], None] | None = None) -> None:
+        async with asyncio.TaskGroup() as tg:
+            engine_task = tg.create_task(self.state.loop.run(), name="engine-loop")
+            tg.create_task(self._watchdog(), name="stall-watchdog")
+            self.health.set_all(SERVING)
+            if on_ready is not None:
+                on_ready(self.address)
+            await self._stop.wait()
+            log.info("stopping: liveness NOT_SERVING, grace %.1f s", self.cfg.grace_s)
+            self.health.enter_graceful_shutdown()
+            await self.server.stop(self.cfg.grace_s)
+            self.state.loop.stop()
+            await engine_task
+        log.info("stopped")
+
+
+async def serve(cfg: ServerConfig, listen: str) -> int:
+    """Run `mocker serve` until SIGTERM/SIGINT; returns the exit code."""
+    server = MockerServer(cfg, listen)
+    try:
+        address = await server.start()
+    except RuntimeError as exc:
+        log.error("cannot listen on %s: %s", listen, exc)
+        return 1
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop)
+
+    def ready(addr: str) -> None:
+        log.info(format_ready("engine", cfg.instance_id, addr))
+
+    log.info(
+        "role=%s model=%s speedup=%g engine_args=%s",
+        cfg.role,
+        cfg.model,
+        cfg.engine.speedup_ratio,
+        cfg.engine.to_json(),
+    )
+    await server.run_until_stopped(ready)
+    del address
+    return 0

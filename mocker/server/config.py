@@ -1,0 +1,65 @@
+"""Server-level settings of `mocker serve`: the one place their defaults live.
+
+Engine (scheduler, KV pool, timing) defaults live in `mocker.engine.config.EngineArgs`; these are
+the wire server's own (mocker-model.md section 3.3, "CLI").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mocker.engine import EngineArgs
+
+ROLES = ("aggregated", "prefill", "decode")
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_MODEL = "mocker-model"
+DEFAULT_ROLE = "aggregated"
+DEFAULT_SEED = 42
+DEFAULT_CONTEXT_LENGTH = 32768
+DEFAULT_MAX_CONCURRENT_REQUESTS = 256
+DEFAULT_KV_HOST = "127.0.0.1"
+DEFAULT_KV_PORT = 5600
+#: ModelInfo.max_output_tokens and the max_tokens limit (newest reference control test).
+MAX_OUTPUT_TOKENS = 1_000_000
+#: max_tokens when the request omits it.
+DEFAULT_MAX_TOKENS = 20
+#: Consumer-stall watchdog (the real servicer's RESPONSE_STALL_TIMEOUT_SECONDS).
+STALL_TIMEOUT_S = 30.0
+#: Graceful-stop grace for in-flight requests.
+GRACE_S = 5.0
+#: Request recorder ring size.
+RECORDER_CAPACITY = 256
+ENGINE_NAME = "tensorrt_llm"
+SCHEMA_REVISION = 1
+MINIMUM_CLIENT_REVISION = 1
+KV_SCHEMA_VERSION = 1
+#: Candidate lists are capped at this many entries (ModelInfo max_top_n).
+MAX_TOP_N = 20
+
+
+def default_instance_id(role: str) -> str:
+    return f"dynamo-trtllm-mocker-{role}"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs besides the engine args."""
+
+    role: str = DEFAULT_ROLE
+    model: str = DEFAULT_MODEL
+    seed: int = DEFAULT_SEED
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    kv_host: str = DEFAULT_KV_HOST
+    kv_port: int = DEFAULT_KV_PORT
+    instance_id: str = ""
+    record_requests: bool = False
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    grace_s: float = GRACE_S
+    engine: EngineArgs = field(default_factory=EngineArgs)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if not self.instance_id:
+            object.__setattr__(self, "instance_id", default_instance_id(self.role))

@@ -1,0 +1,179 @@
+"""The engine loop: one asyncio task owns the Scheduler and paces its passes in real time.
+
+Pacing keeps ABSOLUTE deadlines: while busy, a pass starts at the previous pass's simulated end
+(`t += duration`), so Python overhead inside a pass does not stretch simulated time; after an
+idle spell (or a freeze, or falling behind by more than RESYNC_MS) the clock restarts at now.
+Signals are delivered to the per-request state at pass end. Speedup 0 (duration 0) never sleeps
+but still yields to the event loop once per pass so streams and RPCs run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from mocker.engine import EngineRequest, Scheduler, Signal
+
+from .inflight import LiveRequest
+
+#: Behind schedule by more than this (a freeze, a long GC pause): restart the clock at now
+#: instead of bursting back-to-back passes to catch up.
+RESYNC_MS = 250.0
+
+
+@dataclass
+class LoopStats:
+    passes: int = 0
+    simulated_ms: float = 0.0  # sum of pass durations actually paced
+    busy_wall_s: float = 0.0  # wall time spent in busy stretches (for drift)
+    late_ms_max: float = 0.0
+
+
+def _now_ms() -> float:
+    return time.perf_counter() * 1000.0
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler, live_by_key: dict[str, LiveRequest]) -> None:
+        self.scheduler = scheduler
+        self._live = live_by_key
+        self._inbox: list[tuple[LiveRequest, EngineRequest]] = []
+        self._wake = asyncio.Event()
+        self._unfrozen = asyncio.Event()
+        self._unfrozen.set()
+        self._stopping = False
+        self.frozen_at_ns: int | None = None
+        self.stats = LoopStats()
+
+    # ----- called by the servicers (same thread, between passes) -----------------------------
+    def now_ms(self) -> float:
+        return _now_ms()
+
+    def submit(self, live: LiveRequest, request: EngineRequest) -> None:
+        """Queue for submission at the next pass start (an abort before then stops it)."""
+        self._inbox.append((live, request))
+        self._wake.set()
+
+    def cancel(self, key: str) -> bool:
+        return self.scheduler.cancel(key)
+
+    def freeze(self, frozen: bool) -> None:
+        if frozen:
+            if self._unfrozen.is_set():
+                self.frozen_at_ns = time.time_ns()
+            self._unfrozen.clear()
+        else:
+            self.frozen_at_ns = None
+            self._unfrozen.set()
+            self._wake.set()
+
+    @property
+    def frozen(self) -> bool:
+        return not self._unfrozen.is_set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._unfrozen.set()
+
+    # ----- the task ---------------------------------------------------------------------------
+    def _drain_inbox(self) -> None:
+        inbox, self._inbox = self._inbox, []
+        add = self.scheduler.add
+        for live, request in inbox:
+            if live.claimed or live.done or self._live.get(live.key) is not live:
+                continue  # aborted (or gone) before submission: never reaches the scheduler
+            add(request)
+            live.submitted = True
+
+    def _deliver(self, signals: list[Signal]) -> None:
+        live_map = self._live
+        for s in signals:
+            live = live_map.get(s.key)
+            if live is None:
+                continue
+            if s.rejected:
+                live.rejected = True
+                live.done = True
+            elif s.token_id is None:
+                live.missing = True
+                live.done = True
+            else:
+                live.tokens.append(s.token_id)
+                if s.cached_tokens is not None:
+                    live.cached = s.cached_tokens
+                if s.completed:
+                    live.completed = True
+                    live.done = True
+            w = live.waiter
+            if w is not None:
+                live.waiter = None
+                if not w.done():
+                    w.set_result(None)
+
+    async def _idle(self, timeout_s: float | None) -> None:
+        self._wake.clear()
+        if self._inbox or self._stopping:
+            return
+        if timeout_s is None:
+            await self._wake.wait()
+            return
+        handle = asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            handle.cancel()
+
+    async def run(self) -> None:
+        sched = self.scheduler
+        stats = self.stats
+        sleep = asyncio.sleep
+        t_ms: float | None = None  # simulated start of the next pass (perf_counter ms axis)
+        busy_since = 0.0
+        while not self._stopping:
+            if not self._unfrozen.is_set():
+                if t_ms is not None:
+                    stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
+                t_ms = None
+                await self._unfrozen.wait()
+                continue
+            if self._inbox:
+                self._drain_inbox()
+            if not sched.has_work():
+                if t_ms is not None:
+                    stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
+                t_ms = None
+                await self._idle(None)
+                continue
+            now = _now_ms()
+            if t_ms is None:
+                t_ms = busy_since = now
+            elif now - t_ms > RESYNC_MS:
+                stats.busy_wall_s += (now - busy_since) / 1000.0
+                t_ms = busy_since = now
+            result = sched.step(t_ms)
+            if not result.signals and result.batch_size == 0 and result.duration_ms <= 0.0:
+                # Nothing schedulable yet (e.g. waiting for a KV transfer): sleep until ready.
+                ready = sched.next_ready_ms()
+                stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
+                t_ms = None
+                await self._idle(None if ready is None else max(0.0, (ready - now) / 1000.0))
+                continue
+            end = t_ms + result.duration_ms
+            delay = end - _now_ms()
+            if delay > 0.0:
+                await sleep(delay / 1000.0)
+            else:
+                if -delay > stats.late_ms_max:
+                    stats.late_ms_max = -delay
+                await sleep(0)
+            stats.passes += 1
+            stats.simulated_ms += result.duration_ms
+            t_ms = end
+            if result.signals:
+                self._deliver(result.signals)
+        for live in list(self._live.values()):
+            if not live.done:
+                live.done = True
+                live.wake()

@@ -1,0 +1,299 @@
+"""openengine.v1 Inference.Generate: admission, streaming and the one terminal event.
+
+Stream shape: `[PromptOutput]? TokenOutput* (GenerationFinished | PrefillReady | EngineError)`,
+exactly one terminal (chosen by `terminal()` from an `Exit`), usage only on the terminal, never
+an empty event. The stream waits for at least one token, then drains every ready token of the
+request into ONE TokenOutput (a keeping-up client gets each token as soon as its pass ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from mocker.engine import EngineRequest, kv_transfer_ms, synthetic_logprob, token_deriver
+
+from .errors import RequestRefused
+from .handoff import stamp_session
+from .inflight import Exit, LiveRequest
+from .pb import error_pb2, generation_pb2, openengine_pb2_grpc
+from .state import ServerState
+from .tokens_out import prompt_output, scored_info, text_of
+from .validation import Prepared, prepare
+
+log = logging.getLogger("mocker.server")
+
+GenerateResponse = generation_pb2.GenerateResponse
+TokenOutput = generation_pb2.TokenOutput
+TokenInfo = generation_pb2.TokenInfo
+Usage = generation_pb2.Usage
+EngineError = error_pb2.EngineError
+
+CAPACITY_MESSAGE = "request exceeds the simulated KV-cache capacity"
+
+
+def _claimed_exit(live: LiveRequest) -> Exit:
+    if live.failure is not None:
+        return Exit.FAILED
+    if live.stalled:
+        return Exit.STALLED
+    return Exit.ABORTED
+
+
+class Inference(openengine_pb2_grpc.InferenceServicer):
+    def __init__(self, state: ServerState) -> None:
+        self._st = state
+
+    def terminal(
+        self,
+        exit_: Exit,
+        live: LiveRequest,
+        prep: Prepared,
+        streamed: int,
+        stop_token: int,
+        first_token: int,
+        first_logprob: float | None,
+    ) -> generation_pb2.GenerateResponse:
+        """The single place a stream's terminal event is chosen."""
+        rid = prep.request_id
+        prompt_len = len(prep.prompt)
+        cached = max(0, min(live.cached, prompt_len - 1))
+        if exit_ is Exit.COMPLETED and prep.context_only:
+            cfg = self._st.cfg
+            session = stamp_session(
+                seed=cfg.seed,
+                request_id=rid,
+                prompt_tokens=prompt_len,
+                first_token=first_token,
+                first_logprob=first_logprob if prep.output_logprobs else None,
+                kv_host=cfg.kv_host,
+                kv_port=cfg.kv_port,
+            )
+            return GenerateResponse(
+                request_id=rid,
+                prefill_ready=generation_pb2.PrefillReady(kv_session=session),
+                usage=Usage(
+                    prompt_tokens=prompt_len,
+                    completion_tokens=1,
+                    total_tokens=prompt_len + 1,
+                    cached_prompt_tokens=cached,
+                ),
+            )
+        usage = Usage(
+            prompt_tokens=prompt_len,
+            completion_tokens=streamed,
+            total_tokens=prompt_len + streamed,
+            cached_prompt_tokens=cached,
+        )
+        finished = generation_pb2.GenerationFinished
+        if exit_ is Exit.COMPLETED:
+            return GenerateResponse(
+                request_id=rid,
+                finished=finished(output_index=0, reason=generation_pb2.FINISH_REASON_LENGTH),
+                usage=usage,
+            )
+        if exit_ is Exit.STOPPED:
+            return GenerateResponse(
+                request_id=rid,
+                finished=finished(
+                    output_index=0,
+                    reason=generation_pb2.FINISH_REASON_STOP,
+                    stop_match=generation_pb2.StopMatch(stop_token_id=stop_token),
+                ),
+                usage=usage,
+            )
+        if exit_ is Exit.ABORTED:
+            return GenerateResponse(
+                request_id=rid,
+                finished=finished(
+                    output_index=0,
+                    reason=generation_pb2.FINISH_REASON_CANCELLED,
+                    message="aborted",
+                ),
+                usage=usage,
+            )
+        if exit_ is Exit.STALLED:
+            error = EngineError(
+                code=error_pb2.ERROR_CODE_OVERLOADED,
+                message=(
+                    f"the client did not drain the response stream for "
+                    f"{self._st.cfg.stall_timeout_s:g} s; the request was aborted"
+                ),
+                retryable=True,
+            )
+        elif exit_ is Exit.REJECTED:
+            error = EngineError(
+                code=error_pb2.ERROR_CODE_INTERNAL, message=CAPACITY_MESSAGE, retryable=False
+            )
+        elif exit_ is Exit.FAILED:
+            error = EngineError(
+                code=error_pb2.ERROR_CODE_INTERNAL,
+                message=f"executor failure: {live.failure}",
+                retryable=False,
+            )
+        elif exit_ is Exit.MISSING_TOKEN:
+            error = EngineError(
+                code=error_pb2.ERROR_CODE_INTERNAL,
+                message="the simulated engine produced an output without a token",
+                retryable=False,
+            )
+        else:
+            error = EngineError(
+                code=error_pb2.ERROR_CODE_INTERNAL,
+                message="the simulated engine closed the request before it completed",
+                retryable=False,
+            )
+        return GenerateResponse(request_id=rid, error=error)
+
+    async def Generate(self, request, context):  # noqa: C901 - the hot path, kept in one frame
+        st = self._st
+        if st.active >= st.cfg.max_concurrent_requests:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "Mocker concurrent request limit reached"
+            )
+        st.active += 1
+        live: LiveRequest | None = None
+        try:
+            try:
+                if st.executor_failure is not None:
+                    raise RequestRefused(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"the simulated executor failed: {st.executor_failure}",
+                    )
+                prep = prepare(request, st.cfg)
+                if prep.request_id in st.by_id:
+                    raise RequestRefused(
+                        grpc.StatusCode.ALREADY_EXISTS,
+                        f"request_id {prep.request_id!r} is already active",
+                    )
+            except RequestRefused as refused:
+                await context.abort(refused.code, refused.message)
+                return
+
+            rid = prep.request_id
+            handoff = prep.handoff
+            live = st.register(rid, handoff is not None)
+            engine = st.loop
+            kv_wait_s = 0.0
+            replay_only = False
+            if handoff is None:
+                engine.submit(
+                    live,
+                    EngineRequest(
+                        key=live.key,
+                        prompt=prep.prompt,
+                        max_output_tokens=prep.max_tokens,
+                        token_at=token_deriver(st.cfg.seed, rid),
+                    ),
+                )
+            else:
+                kv_ms = kv_transfer_ms(st.cfg.engine, len(prep.prompt))
+                kv_wait_s = kv_ms / 1000.0
+                replay_only = prep.max_tokens <= 1
+                if not replay_only:
+                    engine.submit(
+                        live,
+                        EngineRequest(
+                            key=live.key,
+                            prompt=prep.prompt,
+                            max_output_tokens=prep.max_tokens,
+                            token_at=token_deriver(st.cfg.seed, rid),
+                            first_position=1,
+                            kv_transferred=True,
+                            ready_at_ms=engine.now_ms() + kv_ms,
+                        ),
+                    )
+            st.recorder.record(request)
+
+            if prep.prompt_logprobs:
+                yield GenerateResponse(
+                    request_id=rid, prompt=prompt_output(prep.prompt, prep.prompt_candidates)
+                )
+            if handoff is not None:
+                if kv_wait_s > 0.0:
+                    await asyncio.sleep(kv_wait_s)
+                live.tokens.insert(0, handoff.first_token)
+                if replay_only:
+                    live.completed = live.done = True
+
+            loop = asyncio.get_running_loop()
+            flowing = st.tokens_flowing
+            stop_ids = prep.stop_ids
+            min_tokens = prep.min_tokens
+            want_lp = prep.output_logprobs
+            cands = prep.output_candidates
+            replay_lp = handoff.first_logprob if handoff is not None else None
+            streamed = 0
+            position = 0
+            first_token = 0
+            first_lp: float | None = None
+            stop_token = 0
+            exit_: Exit | None = None
+            while True:
+                if not live.tokens and not live.done:
+                    fut = loop.create_future()
+                    live.waiter = fut
+                    await fut
+                if live.claimed:
+                    break
+                if not flowing.is_set():
+                    await flowing.wait()
+                    continue
+                toks = live.tokens
+                if toks:
+                    live.tokens = []
+                    infos = []
+                    for t in toks:
+                        if stop_ids and t in stop_ids and streamed + len(infos) >= min_tokens:
+                            exit_ = Exit.STOPPED
+                            stop_token = t
+                            break
+                        if want_lp:
+                            if position == 0:
+                                lp = replay_lp if handoff is not None else synthetic_logprob(t)
+                                first_lp = lp
+                            else:
+                                lp = synthetic_logprob(t)
+                            infos.append(scored_info(t, lp, cands))
+                        else:
+                            infos.append(TokenInfo(token_id=t, token=text_of(t)))
+                        if position == 0:
+                            first_token = t
+                        position += 1
+                    if infos:
+                        text = (
+                            infos[0].token
+                            if len(infos) == 1
+                            else "".join([i.token for i in infos])
+                        )
+                        msg = GenerateResponse(
+                            request_id=rid,
+                            token=TokenOutput(output_index=0, tokens=infos, text=text),
+                        )
+                        live.write_started = loop.time()
+                        yield msg
+                        live.write_started = 0.0
+                        streamed += len(infos)
+                    if exit_ is not None:
+                        break
+                    if live.claimed:
+                        break
+                if live.done and not live.tokens:
+                    if live.rejected:
+                        exit_ = Exit.REJECTED
+                    elif live.missing:
+                        exit_ = Exit.MISSING_TOKEN
+                    elif live.completed:
+                        exit_ = Exit.COMPLETED
+                    else:
+                        exit_ = Exit.CLOSED
+                    break
+            if exit_ is None or not live.claim():
+                exit_ = _claimed_exit(live)
+            yield self.terminal(exit_, live, prep, streamed, stop_token, first_token, first_lp)
+        finally:
+            st.active -= 1
+            if live is not None:
+                st.release(live)

@@ -1,0 +1,169 @@
+"""Topology from flags and from TOML; errors name the key and the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from lab.serve.settings import SocketSettings
+from launch.cli import up
+from launch.cli_options import spec_from_options, topology_options
+from launch.errors import TopologyError
+from launch.topology import DEFAULT_SPEEDUP, FleetSpec, TopologySpec
+
+
+def parse(*args: str) -> TopologySpec:
+    """Run the shared options through click, exactly as `lab up` / `lab sweep` do."""
+    captured = {}
+
+    @click.command()
+    @topology_options
+    def cmd(**kwargs):
+        captured["spec"] = spec_from_options(**kwargs)
+
+    result = CliRunner().invoke(cmd, list(args), catch_exceptions=False,
+                                standalone_mode=False)
+    del result
+    return captured["spec"]
+
+
+def test_defaults_come_from_one_place() -> None:
+    spec = parse()
+    assert [(f.role, f.count) for f in spec.fleets] == [("aggregated", 1)]
+    assert spec.fleets[0].speedup == DEFAULT_SPEEDUP
+    assert spec.sockets == SocketSettings()
+    assert spec.frontend_port == 0 and spec.discovery is None
+    assert spec.fleets[0].restart_engine == "never"
+    assert spec.fleets[0].restart_sidecar == "on-failure"
+
+
+def test_flags() -> None:
+    spec = parse("--disagg", "--prefill", "2", "--decode", "3", "--speedup", "0",
+                 "--engine-args", '{"max_num_seqs": 64}', "--decode-engine-args",
+                 '{"num_gpu_blocks": 100, "max_num_seqs": 8}', "--client-nodelay", "off",
+                 "--split-writes", "--pool-size", "4", "--router", "random", "--port", "0",
+                 "--restart-engine", "on-failure", "--name", "exp1")
+    assert [(f.role, f.count) for f in spec.fleets] == [("prefill", 2), ("decode", 3)]
+    prefill, decode = spec.fleets
+    assert prefill.engine_args == {"max_num_seqs": 64}
+    assert decode.engine_args == {"max_num_seqs": 8, "num_gpu_blocks": 100}
+    assert prefill.speedup == 0 and decode.restart_engine == "on-failure"
+    assert spec.sockets == SocketSettings(client_nodelay=False, split_writes=True, pool_size=4)
+    assert spec.router == "random" and spec.name == "exp1"
+    assert spec.expected_workers() == {"prefill": 2, "decode": 3}
+
+
+def test_engine_args_from_file(tmp_path: Path) -> None:
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"engine_type": "vllm"}))
+    assert parse("--engines", "2", "--engine-args", str(path)).fleets[0].engine_args == {
+        "engine_type": "vllm"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engines", "2", "--disagg"], "--engines"),
+    (["--engine-args", "{nope"], "--engine-args"),
+    (["--engine-args", "/no/such/file.json"], "--engine-args"),
+    (["--prefill-engine-args", "{}"], "--prefill-engine-args"),
+    (["--discovery", "etcd://x"], "discovery"),
+    (["--restart-engine", "sometimes"], "--restart-engine"),
+])
+def test_bad_flags_exit_2_naming_the_input(args: list[str], needle: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(up, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+GOOD = """\
+name = "exp"
+speedup = 0
+engine_args = { max_num_seqs = 32 }
+
+[sockets]
+server_nodelay = false
+
+[[fleet]]
+role = "prefill"
+count = 2
+engine_args = { num_gpu_blocks = 512 }
+
+[[fleet]]
+role = "decode"
+speedup = 10.0
+restart_engine = "always"
+"""
+
+
+def test_toml_with_per_fleet_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(GOOD)
+    spec = TopologySpec.from_toml(path)
+    assert spec.name == "exp"
+    prefill, decode = spec.fleets
+    assert prefill == FleetSpec("prefill", count=2, speedup=0,
+                                engine_args={"max_num_seqs": 32, "num_gpu_blocks": 512})
+    assert decode.speedup == 10.0 and decode.restart_engine == "always"
+    assert decode.engine_args == {"max_num_seqs": 32}
+    assert spec.sockets.server_nodelay is False and spec.sockets.client_nodelay is True
+    # flags override the file
+    over = parse("--topology", str(path), "--speedup", "5", "--name", "other")
+    assert [f.speedup for f in over.fleets] == [5, 5] and over.name == "other"
+    # round trip (state of a detached run)
+    assert TopologySpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("text,line,key", [
+    (GOOD.replace("count = 2", "count = 2\nreplicas = 3"), 11, "fleet[0].replicas"),
+    (GOOD.replace('restart_engine = "always"', 'restart_engine = "sometimes"'), 16,
+     "fleet[1].restart_engine"),
+    (GOOD.replace("server_nodelay = false", "server_nodelay = 1"), 6, "sockets.server_nodelay"),
+    (GOOD.replace("server_nodelay = false", "nodelay = false"), 6, "sockets.nodelay"),
+    (GOOD.replace("speedup = 10.0", 'speedup = "fast"'), 15, "fleet[1].speedup"),
+    (GOOD.replace("speedup = 0\n", "speedup = -1\n"), 2, "speedup"),
+    (GOOD.replace('name = "exp"', 'nmae = "exp"'), 1, "nmae"),
+    (GOOD.replace('role = "decode"', 'role = "encode"'), 14, "fleet[1].role"),
+    (GOOD.replace("count = 2", "count = 0"), 10, "fleet[0].count"),
+])
+def test_bad_toml_names_key_and_line(tmp_path: Path, text: str, line: int, key: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(TopologyError) as err:
+        TopologySpec.from_toml(path)
+    message = str(err.value)
+    assert f"{path}:{line}:" in message, message
+    assert key in message, message
+
+
+def test_toml_syntax_error_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('name = "x"\n[sockets\npool_size = 2\n')
+    with pytest.raises(TopologyError, match=r"line 2"):
+        TopologySpec.from_toml(path)
+
+
+def test_lab_up_bad_toml_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(GOOD.replace("count = 2", "count = 2\nreplicas = 3"))
+    result = CliRunner().invoke(up, ["--topology", str(path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "bad.toml:11:" in result.output and "fleet[0].replicas" in result.output
+    result = CliRunner().invoke(up, ["--topology", str(path), "--engines", "2"])
+    assert result.exit_code == 2 and "--topology" in result.output
+
+
+def test_mixed_roles_rejected() -> None:
+    with pytest.raises(TopologyError, match="prefill"):
+        TopologySpec(fleets=[FleetSpec("aggregated"), FleetSpec("prefill")]).validate()
+    with pytest.raises(TopologyError, match="decode fleet"):
+        TopologySpec(fleets=[FleetSpec("prefill")]).validate()
+
+
+def test_out_must_be_empty(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("")
+    result = CliRunner().invoke(up, ["--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--out" in result.output

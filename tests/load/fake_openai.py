@@ -1,0 +1,137 @@
+"""A small fake OpenAI streaming server (aiohttp) for client and sweep tests.
+
+It streams `max_tokens` tokens as SSE, one chunk per `tokens_per_chunk` tokens, with a role-only
+first chunk and a usage-only last chunk (neither is a token), records the peak number of requests
+in flight, and fails on demand:
+- prompt[0] == FAIL_HTTP -> 503 with an OpenAI error body
+- prompt[0] == FAIL_STREAM -> an error event after two tokens
+- prompt[0] == FAIL_CUT -> the connection is dropped mid-stream
+It can also be run as a process: `python -m tests.load.fake_openai --port 0` (prints a ready line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import orjson
+from aiohttp import web
+
+FAIL_HTTP = 7
+FAIL_STREAM = 8
+FAIL_CUT = 9
+
+
+class FakeOpenAI:
+    def __init__(self, *, token_delay_s: float = 0.0, ttft_s: float = 0.0, tokens_per_chunk: int = 1,
+                 model: str = "fake-model", worker: str = "fake-worker") -> None:
+        self.token_delay_s = token_delay_s
+        self.ttft_s = ttft_s
+        self.tokens_per_chunk = tokens_per_chunk
+        self.model = model
+        self.worker = worker
+        self.in_flight = 0
+        self.peak = 0
+        self.served = 0
+        self.app = web.Application()
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_get("/v1/models", self.models)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        prompt = body["prompt"]
+        first = prompt[0] if isinstance(prompt, list) else None
+        n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+        if body.get("model") != self.model:
+            return web.json_response(
+                {"error": {"message": f"model {body.get('model')!r} not found", "type": "not_found"}},
+                status=404)
+        if first == FAIL_HTTP:
+            return web.json_response(
+                {"error": {"message": "no worker", "type": "service_unavailable"}}, status=503)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            n = int(body.get("max_tokens") or 16)
+            rid = "cmpl-" + request.headers.get("X-Request-Id", "x")
+
+            def chunk(text: str, finish: str | None = None, **extra: object) -> bytes:
+                obj = {"id": rid, "object": "text_completion", "model": self.model,
+                       "choices": [{"index": 0, "text": text, "finish_reason": finish}], **extra}
+                return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+            await resp.write(chunk(""))  # role-only / empty chunk: not a token
+            if self.ttft_s:
+                await asyncio.sleep(self.ttft_s)
+            sent = 0
+            while sent < n:
+                k = min(self.tokens_per_chunk, n - sent)
+                if first == FAIL_STREAM and sent >= 2:
+                    await resp.write(b"event: error\ndata: " + orjson.dumps(
+                        {"error": {"message": "engine died", "type": "engine_error"}}) + b"\n\n")
+                    return resp
+                if first == FAIL_CUT and sent >= 2:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return resp
+                sent += k
+                last = sent >= n
+                extra = ({"nvext": {"worker_id": {"prefill_worker_id": None,
+                                                  "decode_worker_id": self.worker}}} if last else {})
+                await resp.write(chunk(" ".join(f"<token:{1000 + j}>" for j in range(k)) + " ",
+                                       "length" if last else None, **extra))
+                if self.token_delay_s and not last:
+                    await asyncio.sleep(self.token_delay_s)
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n,
+                     "prompt_tokens_details": {"cached_tokens": 0}}
+            await resp.write(b"data: " + orjson.dumps(
+                {"id": rid, "object": "text_completion", "choices": [], "usage": usage}) + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            self.served += 1
+            return resp
+        finally:
+            self.in_flight -= 1
+
+
+async def start(server: FakeOpenAI, port: int = 0) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(server.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    host, bound = sock.getsockname()[:2]
+    return runner, f"http://{host}:{bound}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--token-delay-ms", type=float, default=0.0)
+    ap.add_argument("--model", default="fake-model")
+    args = ap.parse_args()
+
+    async def run() -> None:
+        server = FakeOpenAI(token_delay_s=args.token_delay_ms / 1000, model=args.model)
+        runner, url = await start(server, args.port)
+        print(f"ready role=frontend id=fake listen={url.removeprefix('http://')}", file=sys.stderr,
+              flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

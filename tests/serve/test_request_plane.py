@@ -1,0 +1,457 @@
+"""The request plane on real loopback sockets, under asyncio and uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import struct
+
+import orjson
+import pytest
+import uvloop
+
+from lab.serve.request_plane import (
+    FrameType,
+    RequestPlaneClient,
+    RequestPlaneServer,
+    StreamSink,
+    WorkerUnavailable,
+    error_end,
+)
+from lab.serve.request_plane.frames import (
+    HEADER,
+    MAX_PAYLOAD,
+    FrameError,
+    FrameReader,
+    encode_frame,
+)
+from lab.serve.request_plane.sockets import get_nodelay
+from lab.serve.settings import SocketSettings
+
+CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
+
+
+def both_loops(fn):
+    """Run an async test body under asyncio and under uvloop (a sync test, parametrized)."""
+
+    @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+    def wrapper(loop_kind: str, **kwargs):
+        factory = uvloop.new_event_loop if loop_kind == "uvloop" else asyncio.new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(fn(**kwargs))
+
+    params = [inspect.Parameter("loop_kind", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += list(inspect.signature(fn).parameters.values())
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def ok_end(n: int) -> dict:
+    return {
+        "finish": "length",
+        "stop_reason": None,
+        "usage": {"prompt_tokens": 1, "completion_tokens": n, "cached_tokens": 0},
+        "handoff": None,
+        "error": None,
+        "worker_id": "w",
+    }
+
+
+async def counting_handler(request: dict, sink: StreamSink) -> None:
+    """Streams request["n"] tokens, one chunk per loop iteration."""
+    n = request["n"]
+    for i in range(n):
+        sink.chunk({"t": [request["base"] + i]})
+        await asyncio.sleep(0)
+    sink.end(ok_end(n))
+
+
+async def collect(stream) -> tuple[list[int], dict, int]:
+    tokens: list[int] = []
+    chunks = 0
+    end = None
+    async for ftype, payload in stream:
+        if ftype == CHUNK:
+            tokens.extend(payload["t"])
+            chunks += 1
+        else:
+            assert ftype == END
+            end = payload
+    assert end is not None
+    return tokens, end, chunks
+
+
+async def start_server(handler, settings: SocketSettings | None = None) -> RequestPlaneServer:
+    server = RequestPlaneServer(handler, settings or SocketSettings())
+    address = await server.start("127.0.0.1", 0)
+    assert address.startswith("127.0.0.1:") and not address.endswith(":0")
+    return server
+
+
+@both_loops
+async def test_frames_roundtrip_and_limits() -> None:
+    reader = FrameReader()
+    data = encode_frame(1, 7, b'{"a":1}') + encode_frame(2, 8) + encode_frame(3, 9, b"[]")
+    frames = []
+    for i in range(len(data)):  # byte by byte
+        frames += reader.feed(data[i : i + 1])
+    assert frames == [(1, 7, b'{"a":1}'), (2, 8, b""), (3, 9, b"[]")]
+    assert HEADER.size == 9
+    with pytest.raises(FrameError, match="unknown frame type"):
+        FrameReader().feed(struct.pack("!BII", 9, 1, 0))
+    with pytest.raises(FrameError, match="exceeds"):
+        FrameReader().feed(struct.pack("!BII", 3, 1, MAX_PAYLOAD + 1))
+
+
+@both_loops
+async def test_one_stream_end_to_end() -> None:
+    server = await start_server(counting_handler)
+    client = RequestPlaneClient(server.address, SocketSettings())
+    try:
+        stream = await client.open_stream({"n": 5, "base": 100})
+        tokens, end, _ = await collect(stream)
+        assert tokens == [100, 101, 102, 103, 104]
+        assert end["finish"] == "length" and end["usage"]["completion_tokens"] == 5
+        assert stream.ended
+        assert [x async for x in stream] == []  # ends after END
+        assert client.in_flight() == 0
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_many_streams_multiplexed_on_the_pool() -> None:
+    server = await start_server(counting_handler)
+    client = RequestPlaneClient(server.address, SocketSettings(pool_size=2))
+    try:
+        streams = [await client.open_stream({"n": 20, "base": i * 1000}) for i in range(40)]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        for i, (tokens, end, _) in enumerate(results):
+            assert tokens == list(range(i * 1000, i * 1000 + 20))
+            assert end["error"] is None
+        assert len(client.sockets()) == 2
+        assert len(server.sockets()) == 2
+        # Persistent: more streams reuse the same two connections.
+        before = {s.getsockname() for s in client.sockets()}
+        await collect(await client.open_stream({"n": 1, "base": 0}))
+        assert {s.getsockname() for s in client.sockets()} == before
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_cancel_reaches_the_handler() -> None:
+    seen_cancel = asyncio.Event()
+
+    async def handler(request: dict, sink: StreamSink) -> None:
+        sink.chunk({"t": [1]})
+        await sink.cancelled.wait()
+        seen_cancel.set()
+        sink.end({**ok_end(1), "finish": "cancelled"})
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address)
+    try:
+        stream = await client.open_stream({})
+        ftype, payload = await anext(stream)
+        assert (ftype, payload) == (CHUNK, {"t": [1]})
+        await stream.cancel()
+        await stream.cancel()  # idempotent
+        async with asyncio.timeout(5):
+            ftype, payload = await anext(stream)
+        assert ftype == END and payload["finish"] == "cancelled"
+        assert seen_cancel.is_set()
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_connection_loss_ends_streams_unavailable_and_cancels_sinks() -> None:
+    sinks: list[StreamSink] = []
+    started = asyncio.Event()
+
+    async def handler(request: dict, sink: StreamSink) -> None:
+        sinks.append(sink)
+        started.set()
+        await sink.cancelled.wait()  # never ends on its own
+        sink.end(error_end("cancelled", "gone", 499))
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
+    try:
+        streams = [await client.open_stream({}) for _ in range(3)]
+        await started.wait()
+        await asyncio.sleep(0.05)
+        for sock in server.sockets():  # the worker side drops the connection
+            sock.shutdown(socket.SHUT_RDWR)
+        async with asyncio.timeout(5):
+            results = [await collect(s) for s in streams]
+        for _, end, _ in results:
+            assert end["error"]["kind"] == "unavailable"
+            assert end["error"]["status"] == 503
+        async with asyncio.timeout(5):
+            while not all(s.cancelled.is_set() for s in sinks) or len(sinks) < 3:
+                await asyncio.sleep(0.01)
+        # The next open_stream reconnects.
+        assert client.sockets() == []
+        sinks.clear()
+        stream = await client.open_stream({})
+        await started.wait()
+        await stream.cancel()
+        _, end, _ = await collect(stream)
+        assert end["error"]["kind"] == "cancelled"
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_client_drop_cancels_the_sink() -> None:
+    got: list[StreamSink] = []
+
+    async def handler(request: dict, sink: StreamSink) -> None:
+        got.append(sink)
+        await sink.cancelled.wait()
+        sink.end(error_end("cancelled", "client went away", 499))
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address)
+    try:
+        stream = await client.open_stream({})
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0.01)
+        await client.close()
+        _, end, _ = await collect(stream)  # ends locally, unavailable
+        assert end["error"]["kind"] == "unavailable"
+        async with asyncio.timeout(5):
+            await got[0].cancelled.wait()
+    finally:
+        await server.close()
+
+
+@both_loops
+async def test_server_close_ends_running_streams() -> None:
+    async def handler(request: dict, sink: StreamSink) -> None:
+        await asyncio.sleep(30)
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address)
+    try:
+        stream = await client.open_stream({})
+        await asyncio.sleep(0.05)
+        await server.close()
+        async with asyncio.timeout(5):
+            _, end, _ = await collect(stream)
+        assert end["error"]["kind"] == "unavailable"
+    finally:
+        await client.close()
+
+
+@both_loops
+async def test_handler_failures_become_error_ends() -> None:
+    async def handler(request: dict, sink: StreamSink) -> None:
+        if request.get("mode") == "raise":
+            raise RuntimeError("boom")
+        # "forget": returns without END
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address)
+    try:
+        _, end, _ = await collect(await client.open_stream({"mode": "raise"}))
+        assert end["error"]["kind"] == "engine_error" and "boom" in end["error"]["message"]
+        _, end, _ = await collect(await client.open_stream({"mode": "forget"}))
+        assert end["error"]["kind"] == "protocol"
+        # Still serving after both.
+        _, end, _ = await collect(await client.open_stream({"mode": "forget"}))
+        assert end["error"]["kind"] == "protocol"
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_bad_request_payload_is_a_protocol_error() -> None:
+    server = await start_server(counting_handler)
+    try:
+        reader, writer = await asyncio.open_connection(*server.address.split(":"))
+        writer.write(encode_frame(1, 5, b"not json"))
+        header = await reader.readexactly(9)
+        ftype, sid, length = HEADER.unpack(header)
+        payload = orjson.loads(await reader.readexactly(length))
+        assert (ftype, sid) == (END, 5)
+        assert payload["error"]["kind"] == "protocol"
+        writer.close()
+    finally:
+        await server.close()
+
+
+@both_loops
+async def test_unreachable_worker_raises_worker_unavailable() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    client = RequestPlaneClient(f"127.0.0.1:{port}")
+    with pytest.raises(WorkerUnavailable, match=f"127.0.0.1:{port}"):
+        await client.open_stream({})
+    await client.close()
+    with pytest.raises(ValueError, match="host:port"):
+        RequestPlaneClient("nowhere")
+
+
+class SendCounter:
+    """Wraps a connection's send() to record the size of every send syscall."""
+
+    def __init__(self, conn) -> None:
+        self.sizes: list[int] = []
+        self._send = conn._send
+        conn._send = self
+
+    def __call__(self, data) -> int:
+        n = self._send(data)
+        self.sizes.append(len(data))
+        return n
+
+
+@both_loops
+async def test_frames_of_one_iteration_leave_in_one_send() -> None:
+    async def handler(request: dict, sink: StreamSink) -> None:
+        # Three chunk() calls in one iteration merge into ONE CHUNK; END follows it.
+        sink.chunk({"t": [1], "lp": [-0.1]})
+        sink.chunk({"t": [2], "lp": [-0.2]})
+        sink.chunk({"t": [3], "lp": [-0.3]})
+        sink.end(ok_end(3))
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
+    try:
+        await collect(await client.open_stream({}))  # opens the connection
+        (cconn,) = [c for c in client._slots if c is not None]
+        (sconn,) = server._connections
+        csends, ssends = SendCounter(cconn), SendCounter(sconn)
+        streams = [await client.open_stream({"i": i}) for i in range(5)]  # one iteration
+        results = [await collect(s) for s in streams]
+        for tokens, end, chunks in results:
+            assert tokens == [1, 2, 3] and chunks == 1 and end["error"] is None
+        assert len(csends.sizes) == 1  # five REQUEST frames, one send()
+        assert len(ssends.sizes) == 1  # five (CHUNK + END) pairs, one send()
+        # With the chunk payload merged (lp too).
+        stream = await client.open_stream({})
+        _ftype, payload = await anext(stream)
+        assert payload == {"t": [1, 2, 3], "lp": [-0.1, -0.2, -0.3]}
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_split_writes_send_header_then_body() -> None:
+    server = await start_server(counting_handler)
+    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1, split_writes=True))
+    try:
+        await collect(await client.open_stream({"n": 1, "base": 0}))
+        (cconn,) = [c for c in client._slots if c is not None]
+        sends = SendCounter(cconn)
+        body = orjson.dumps({"n": 3, "base": 7})
+        stream = await client.open_stream({"n": 3, "base": 7})
+        assert sends.sizes == [9, len(body)]  # two syscalls, at once (not deferred)
+        tokens, _end, _ = await collect(stream)
+        assert tokens == [7, 8, 9]
+        # A CANCEL queued before a split REQUEST keeps its order (flushed first).
+        slow = await client.open_stream({"n": 1000000, "base": 0})
+        await slow.cancel()
+        sends.sizes.clear()
+        stream = await client.open_stream({"n": 2, "base": 0})
+        assert sends.sizes == [9, 9, len(orjson.dumps({"n": 2, "base": 0}))]
+        await collect(stream)
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_coalesced_requests_are_one_send_by_default() -> None:
+    server = await start_server(counting_handler)
+    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
+    try:
+        await collect(await client.open_stream({"n": 1, "base": 0}))
+        (cconn,) = [c for c in client._slots if c is not None]
+        sends = SendCounter(cconn)
+        stream = await client.open_stream({"n": 1, "base": 0})
+        assert sends.sizes == []  # deferred to the loop-iteration flush
+        await collect(stream)
+        assert sends.sizes == [9 + len(orjson.dumps({"n": 1, "base": 0}))]
+    finally:
+        await client.close()
+        await server.close()
+
+
+@pytest.mark.parametrize("client_nodelay", [True, False])
+@pytest.mark.parametrize("server_nodelay", [True, False])
+@both_loops
+async def test_nodelay_settings_reach_the_sockets(
+    client_nodelay: bool, server_nodelay: bool
+) -> None:
+    settings = SocketSettings(
+        client_nodelay=client_nodelay, server_nodelay=server_nodelay, pool_size=3
+    )
+    server = await start_server(counting_handler, settings)
+    client = RequestPlaneClient(server.address, settings)
+    try:
+        streams = [await client.open_stream({"n": 2, "base": 0}) for _ in range(3)]
+        for s in streams:
+            await collect(s)
+        assert len(client.sockets()) == 3 and len(server.sockets()) == 3
+        assert [get_nodelay(s) for s in client.sockets()] == [client_nodelay] * 3
+        assert [get_nodelay(s) for s in server.sockets()] == [server_nodelay] * 3
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_backpressure_merges_chunks_while_the_reader_is_behind() -> None:
+    """A reader that does not read: the kernel buffers fill, and later tokens merge into one
+    pending CHUNK instead of piling up as frames."""
+    n = 3000
+    done = asyncio.Event()
+
+    async def handler(request: dict, sink: StreamSink) -> None:
+        for i in range(n):
+            sink.chunk({"t": [i], "lp": [0.5] * 1500})
+            await asyncio.sleep(0)
+        sink.end(ok_end(n))
+        done.set()
+
+    server = await start_server(handler)
+    try:
+        host, port = server.address.split(":")
+        reader, writer = await asyncio.open_connection(host, int(port), limit=2**26)
+        writer.transport.pause_reading()
+        body = orjson.dumps({})
+        writer.write(encode_frame(1, 1, body))
+        async with asyncio.timeout(20):
+            await done.wait()
+        writer.transport.resume_reading()
+        tokens: list[int] = []
+        frames = 0
+        async with asyncio.timeout(20):
+            while True:
+                ftype, _sid, length = HEADER.unpack(await reader.readexactly(9))
+                payload = orjson.loads(await reader.readexactly(length))
+                if ftype == END:
+                    break
+                frames += 1
+                tokens.extend(payload["t"])
+        assert tokens == list(range(n))
+        assert frames < n // 2  # merged while blocked
+        writer.close()
+    finally:
+        await server.close()
