@@ -72,7 +72,7 @@ def clean_leftovers(results: Path | None = None, dry_run: bool = False) -> list[
     crashed: list[tuple[Path, dict[str, Any]]] = []
     base = RESULTS_DIR if results is None else results
     if base.is_dir():
-        for state_path in sorted(base.glob("*/state.json")):
+        for state_path in sorted(base.rglob("state.json")):  # nested: e.g. nagle arms
             state = read_state(state_path.parent)
             if state is None or supervisor_alive(state):
                 continue

@@ -135,17 +135,23 @@ def _detach(spec: TopologySpec, run_dir: Path) -> int:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     deadline = time.monotonic() + spec.ready_timeout_s + 30
-    while time.monotonic() < deadline:
-        state = read_state(run_dir) or {}
-        if state.get("state") == "ready" and state.get("supervisor_pid") == child.pid:
-            _print_ready(run_dir, state["frontend_url"], state["processes"])
-            click.echo(f"detached (supervisor pid {child.pid}); `lab ps {run_dir}`, "
-                       f"`lab down {run_dir}`")
-            return 0
-        if child.poll() is not None:
-            break
-        time.sleep(0.1)
-    else:
+    try:
+        while time.monotonic() < deadline:
+            state = read_state(run_dir) or {}
+            if state.get("state") == "ready" and state.get("supervisor_pid") == child.pid:
+                _print_ready(run_dir, state["frontend_url"], state["processes"])
+                click.echo(f"detached (supervisor pid {child.pid}); `lab ps {run_dir}`, "
+                           f"`lab down {run_dir}`")
+                return 0
+            if child.poll() is not None:
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        child.terminate()  # the supervisor tears down what it started
+        child.wait()
+        click.echo("interrupted; stopped.", err=True)
+        return 130
+    if child.poll() is None:
         child.terminate()
         try:
             child.wait(spec.grace_s * 2 + 10)

@@ -76,8 +76,8 @@ def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
     return argv + list(fleet.extra_mocker_args)
 
 
-def sidecar_argv(programs: Programs, spec: TopologySpec, engine_address: str, discovery: str,
-                 worker_id: str) -> list[str]:
+def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engine_address: str,
+                 discovery: str, worker_id: str) -> list[str]:
     return [
         *programs.lab, "sidecar",
         "--engine", engine_address,
@@ -85,6 +85,7 @@ def sidecar_argv(programs: Programs, spec: TopologySpec, engine_address: str, di
         "--discovery", discovery,
         "--worker-id", worker_id,
         "--server-nodelay", _onoff(spec.sockets.server_nodelay),
+        *fleet.extra_sidecar_args,
     ]
 
 
@@ -107,4 +108,4 @@ def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str) -> lis
         argv.append("--enforce-disagg")
     for role, count in spec.expected_workers().items():
         argv += ["--expect", f"{role}={count}"]
-    return argv
+    return argv + list(spec.extra_frontend_args)

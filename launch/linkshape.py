@@ -180,3 +180,21 @@ class LinkShape:
         elif tbf:
             cmds.append(["qdisc", "replace", "dev", dev, "root", "handle", "1:", *tbf])
         return cmds
+
+
+def hosts_from_config(table: Any) -> dict[str, LinkShape]:
+    """The `[hosts]` table of a topology: {name: {shaping keys}} -> {name: LinkShape}.
+    TopologyError naming `hosts.NAME[.KEY]` for a non-table entry or an unknown key."""
+    if not isinstance(table, Mapping):
+        raise TopologyError(f"hosts = {table!r}: expected a table of [hosts.NAME] tables")
+    shapes: dict[str, LinkShape] = {}
+    for name, entry in table.items():
+        if not isinstance(entry, Mapping):
+            raise TopologyError(f'hosts.{name} = {entry!r}: expected a table (e.g. rate = "1gbit")')
+        unknown = sorted(set(entry) - set(KEYS))
+        if unknown:
+            raise TopologyError(
+                f"hosts.{name}.{unknown[0]}: unknown key (known: {', '.join(KEYS)})"
+            )
+        shapes[str(name)] = LinkShape.from_config(str(name), entry)
+    return shapes

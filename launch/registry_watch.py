@@ -34,16 +34,25 @@ def _snapshot(directory: Path) -> dict[str, tuple[Any, Any]]:
     return records
 
 
-async def watch_registry(directory: Path, events: EventLog) -> None:
-    """Emit registered/withdrawn events until cancelled."""
-    known: dict[str, tuple[Any, Any]] = {}
-    while True:
-        now = await asyncio.to_thread(_snapshot, directory)
+class RegistryWatch:
+    def __init__(self, directory: Path, events: EventLog) -> None:
+        self.directory = directory
+        self.events = events
+        self.known: dict[str, tuple[Any, Any]] = {}
+
+    def scan(self) -> None:
+        """Compare the records now present with the last scan; emit the differences."""
+        now = _snapshot(self.directory)
         for worker, (pid, address) in now.items():
-            if known.get(worker) != (pid, address):
-                events.emit("registered", worker, pid, address=address)
-        for worker, (pid, _address) in known.items():
+            if self.known.get(worker) != (pid, address):
+                self.events.emit("registered", worker, pid, address=address)
+        for worker, (pid, _address) in self.known.items():
             if worker not in now:
-                events.emit("withdrawn", worker, pid)
-        known = now
-        await asyncio.sleep(POLL_S)
+                self.events.emit("withdrawn", worker, pid)
+        self.known = now
+
+    async def run(self) -> None:
+        """Scan until cancelled."""
+        while True:
+            self.scan()
+            await asyncio.sleep(POLL_S)

@@ -28,7 +28,7 @@ from launch.control import serve_control
 from launch.events import EventLog
 from launch.process import ProcessView, own_create_time
 from launch.readiness import registry_dir
-from launch.registry_watch import watch_registry
+from launch.registry_watch import RegistryWatch
 from launch.sampler import Sampler
 from launch.state import write_state
 from launch.supervisor import Supervisor
@@ -64,6 +64,8 @@ class Stack:
         self._side_tasks: list[asyncio.Task] = []
         self._closed = False
         self._own_create_time = own_create_time()
+        self._registry_watch: RegistryWatch | None = None
+        self._registry_task: asyncio.Task | None = None
         self._etcd: Any = None  # launch.etcd.LocalEtcd when discovery == "etcd"
 
     # -- public API -----------------------------------------------------------------------------
@@ -114,9 +116,9 @@ class Stack:
         try:
             self._side_tasks.append(self._tg.create_task(self._guard("sampler", self.sampler.run)))
             if directory is not None:
-                events = self.events
-                self._side_tasks.append(self._tg.create_task(self._guard(
-                    "registry-watch", lambda: watch_registry(directory, events))))
+                self._registry_watch = RegistryWatch(directory, self.events)
+                self._registry_task = self._tg.create_task(
+                    self._guard("registry-watch", self._registry_watch.run))
             await self.supervisor.start(self._tg)
         except BaseException as exc:
             self.error = str(exc)
@@ -177,6 +179,11 @@ class Stack:
         self.state = "stopping"
         self._save_state()
         assert self.supervisor is not None and self.events is not None
+        if self._registry_task is not None:  # teardown withdrawals are not worth recording
+            self._registry_task.cancel()
+            if self._registry_watch is not None:
+                with contextlib.suppress(Exception):
+                    self._registry_watch.scan()
         try:
             await self.supervisor.stop()
         finally:

@@ -103,10 +103,10 @@ class Supervisor:
                     return engine_argv(self.programs, spec, fleet, proc.instance_id,
                                        port=proc.reuse_port)
 
-                def make_sidecar_argv(proc: ManagedProcess) -> list[str]:
+                def make_sidecar_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
                     assert proc.partner is not None and proc.partner.last_address is not None
                     proc.engine_address = proc.partner.last_address
-                    return sidecar_argv(self.programs, spec, proc.engine_address,
+                    return sidecar_argv(self.programs, spec, fleet, proc.engine_address,
                                         self.discovery, proc.name)
 
                 engine = ManagedProcess(engine_name, "engine", fleet.role, fleet.restart_engine,

@@ -22,7 +22,9 @@ TOML layout (every key optional):
     engine_args = { max_num_seqs = 128 }
     restart_engine = "never"
     restart_sidecar = "on-failure"
-    extra_mocker_args = []
+    extra_mocker_args = []        # appended to `mocker serve`
+    extra_sidecar_args = []       # appended to `lab sidecar`, e.g. ["--grace-period", "1"]
+    extra_frontend_args = []      # appended to `lab frontend`
 
     [sockets]                     # lab.serve.settings.SocketSettings
     client_nodelay = true
@@ -74,6 +76,7 @@ class FleetSpec:
     restart_engine: str = DEFAULT_RESTART_ENGINE
     restart_sidecar: str = DEFAULT_RESTART_SIDECAR
     extra_mocker_args: list[str] = field(default_factory=list)
+    extra_sidecar_args: list[str] = field(default_factory=list)  # e.g. ["--grace-period", "1"]
 
 
 # Keys of FleetSpec that a topology can set for all fleets at once.
@@ -84,6 +87,7 @@ FLEET_SETTINGS = (
     "restart_engine",
     "restart_sidecar",
     "extra_mocker_args",
+    "extra_sidecar_args",
 )
 
 
@@ -100,6 +104,7 @@ class TopologySpec:
     grace_s: float = DEFAULT_GRACE_S
     migration_limit: int = 0
     enforce_disagg: bool = False
+    extra_frontend_args: list[str] = field(default_factory=list)
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -335,6 +340,8 @@ def _validate_topology(
     _check_number(spec.grace_s, ("grace_s",), loc, minimum=0)
     _check_int(spec.migration_limit, ("migration_limit",), loc, 0, 1000)
     _check_bool(spec.enforce_disagg, ("enforce_disagg",), loc)
+    if not _str_list(spec.extra_frontend_args):
+        raise loc.error(("extra_frontend_args",), "expected a list of strings")
     sockets = spec.sockets
     for key in ("client_nodelay", "server_nodelay", "split_writes", "http_nodelay"):
         _check_bool(getattr(sockets, key), ("sockets", key), loc)
@@ -358,16 +365,19 @@ def _validate_topology(
                     fleet_key(index, key),
                     f"{value!r}: expected one of {', '.join(RESTART_POLICIES)}",
                 )
-        if not isinstance(fleet.extra_mocker_args, list) or not all(
-            isinstance(a, str) for a in fleet.extra_mocker_args
-        ):
-            raise loc.error(fleet_key(index, "extra_mocker_args"), "expected a list of strings")
+        for key in ("extra_mocker_args", "extra_sidecar_args"):
+            if not _str_list(getattr(fleet, key)):
+                raise loc.error(fleet_key(index, key), "expected a list of strings")
     roles = {f.role for f in spec.fleets}
     if "aggregated" in roles and len(roles) > 1:
         raise loc.error(("fleet",), "aggregated fleets cannot be mixed with prefill/decode fleets")
     if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
         missing = ({"prefill", "decode"} - roles).pop()
         raise loc.error(("fleet",), f"a disaggregated topology needs a {missing} fleet")
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) for a in value)
 
 
 def _discovery_ok(spec: str) -> bool:

@@ -17,7 +17,6 @@ from .tokens import token_deriver
 
 BENCH_SEED = 42
 BENCH_PROMPT_LEN = 128
-BENCH_MAX_OUTPUT = 1_000_000
 
 
 def long_running_scheduler(
@@ -25,26 +24,39 @@ def long_running_scheduler(
     args: EngineArgs | None = None,
     *,
     prompt_len: int = BENCH_PROMPT_LEN,
-    max_output_tokens: int = BENCH_MAX_OUTPUT,
+    max_output_tokens: int | None = None,
     now_ms: float = 0.0,
 ) -> Scheduler:
     """A scheduler with `running` requests admitted and past prefill (all decoding).
 
     Defaults: the reference trtllm engine args with speedup 0 and max_num_seqs raised to
-    `running` if needed. Prefill passes are run at `now_ms` (their modeled time is ignored).
+    `running` if needed; `max_output_tokens` defaults to the largest output for which all
+    `running` requests fit the KV pool together (guaranteed_no_evict reserves it all at
+    admission). Prefill passes are run at `now_ms` (their modeled time is ignored).
     """
     if args is None:
         args = EngineArgs(speedup_ratio=0.0)
     if args.max_num_seqs < running:
         args = replace(args, max_num_seqs=running)
+    if max_output_tokens is None:
+        max_output_tokens = max_output_for(args, running, prompt_len)
     sched = Scheduler(args)
     for i in range(running):
         key = f"bench-{i}"
         prompt = [(i * 7919 + j) % 30000 + 1000 for j in range(prompt_len)]
         sched.add(EngineRequest(key, prompt, max_output_tokens, token_deriver(BENCH_SEED, key)))
     while sched.metrics().waiting or any(_prefilling(sched)):
-        sched.step(now_ms)
+        if sched.step(now_ms).batch_size == 0:
+            raise RuntimeError("bench scheduler made no progress")
     return sched
+
+
+def max_output_for(args: EngineArgs, running: int, prompt_len: int = BENCH_PROMPT_LEN) -> int:
+    """Largest max_output_tokens letting `running` requests of `prompt_len` share the pool."""
+    per_request = args.num_gpu_blocks // max(running, 1) * args.block_size
+    if per_request <= prompt_len + 1:
+        raise ValueError(f"{running} requests of {prompt_len} tokens do not fit the KV pool")
+    return per_request - prompt_len
 
 
 def _prefilling(sched: Scheduler) -> list[bool]:
@@ -56,6 +68,7 @@ def bench_pass_cost(running: int, *, passes: int | None = None, repeats: int = 3
     if passes is None:
         passes = max(200, 20000 // max(running, 1))
     sched = long_running_scheduler(running)
+    passes = min(passes, (max_output_for(sched.args, running) - 2) // repeats)
     step = sched.step
     best: list[float] = []
     for _ in range(repeats):

@@ -128,6 +128,7 @@ class _Req:
 
     __slots__ = (
         "cached",
+        "cap",
         "computed",
         "dec",
         "hashes",
@@ -144,6 +145,7 @@ class _Req:
         "reported",
         "reserve",
         "sched",
+        "seq",
         "state",
         "token_at",
     )
@@ -155,6 +157,8 @@ class _Req:
         self.max_out = max_out
         self.token_at = req.token_at
         self.pos = req.first_position  # next position to emit
+        self.seq = self.prompt_len + self.pos  # known sequence length (prompt + outputs)
+        self.cap = 0  # tokens the held blocks can store
         self.kv_present = req.kv_transferred
         self.ready_at = req.ready_at_ms
         self.reserve = reserve  # trtllm to-completion blocks
@@ -299,65 +303,83 @@ class Scheduler:
     # ---- the pass -----------------------------------------------------------------------
     def step(self, now_ms: float) -> PassResult:
         """Run one pass starting at `now_ms`; returns its modeled duration and the signals
-        that become visible at pass end (``now_ms + duration_ms``)."""
+        that become visible at pass end (``now_ms + duration_ms``).
+
+        Hot path: decode steps of running requests are advanced and emitted in the first
+        loop; their completion (block release) is applied after admission, as at pass end.
+        """
         self._now = now_ms
         signals = self._pending
         self._pending = []
-        bs = self._bs
-        pool = self._pool
+        emit = signals.append
         running = self._running
         budget = self._budget
-        batch: list[_Req] = []
+        pending: list[_Req] = []  # prefill/admitted requests, finished at pass end
+        done: list[_Req] = []
         prefill_tokens = 0
         decode_kv = 0
         n_decode = 0
+        n_batch = 0
         preempted = False
 
         # 1. running requests first
         i = 0
-        while i < len(running) and budget > 0:
+        n_run = len(running)
+        while i < n_run and budget > 0:
             r = running[i]
             computed = r.computed
-            seq = r.prompt_len + r.pos
+            seq = r.seq
             need = seq - computed
-            dec = need <= 1 and computed >= r.prompt_len
-            if need <= budget:  # always true for a decode step (budget > 0)
+            if need <= 1 and computed >= r.prompt_len:  # decode step: emit now
+                if seq > r.cap and not self._grow(r, seq):
+                    if self._vllm and not self._make_room(r, seq):
+                        preempted = True
+                        break  # r itself was preempted (it was the newest)
+                    if not self._vllm:
+                        i += 1
+                        continue
+                    preempted = True
+                    n_run = len(running)
+                r.computed = seq
+                budget -= need
+                decode_kv += seq
+                n_decode += 1
+                n_batch += 1
+                pos = r.pos
+                r.pos = pos + 1
+                r.seq = seq + 1
+                fin = pos + 1 >= r.max_out
+                if r.reported:
+                    emit(Signal(r.key, r.token_at(pos), pos, fin))
+                else:
+                    self._first_signal(r, pos, fin, emit)
+                if fin:
+                    done.append(r)
+                i += 1
+                continue
+            # prefill (or recompute) chunk
+            if need <= budget:
                 n = need
             elif self._chunked:
                 n = budget
             else:
                 i += 1
                 continue
-            extra = -(-(computed + n) // bs) - r.n_shared - r.private
-            if extra > 0:
-                if not pool.alloc_private(extra):
-                    if not self._vllm:
-                        self._alloc_stalls += 1
-                        i += 1
-                        continue
-                    fitted = False
-                    while True:
-                        victim = running[-1]
-                        self._preempt(victim)
-                        preempted = True
-                        if victim is r:
-                            break
-                        if pool.alloc_private(extra):
-                            fitted = True
-                            break
-                    if not fitted:
-                        break
-                r.private += extra
-                self._outstanding -= extra
-            if dec:
-                decode_kv += seq
-                n_decode += 1
-            else:
-                prefill_tokens += n
-            r.dec = dec
-            budget -= n
+            new = computed + n
+            if new > r.cap and not self._grow(r, new):
+                if not self._vllm:
+                    i += 1
+                    continue
+                preempted = True
+                if not self._make_room(r, new):
+                    break
+                n_run = len(running)
+            r.dec = False
             r.sched = n
-            batch.append(r)
+            budget -= n
+            prefill_tokens += n
+            n_batch += 1
+            pending.append(r)
             i += 1
 
         # 2. then waiting requests, FIFO
@@ -376,74 +398,100 @@ class Scheduler:
                 waiting.popleft()
                 r.state = _RUNNING
                 running.append(r)
-                seq = r.prompt_len + r.pos
-                dec = r.computed >= r.prompt_len and seq - r.computed <= 1
-                if dec:
-                    decode_kv += seq
+                if r.dec:
+                    decode_kv += r.seq
                     n_decode += 1
                 else:
                     prefill_tokens += n
-                r.dec = dec
                 budget -= n
-                r.sched = n
-                batch.append(r)
+                n_batch += 1
+                pending.append(r)
             if deferred:
                 waiting.extendleft(reversed(deferred))
 
-        # 3. pass end: advance, register full prompt blocks, emit tokens
+        # 3. pass end for prefill chunks and admitted requests
         trt = not self._vllm
-        caching = self._caching
-        any_done = False
-        emitted = 0
-        for r in batch:
+        for r in pending:
             r.computed += r.sched
-            if caching and r.n_shared < r.n_full:
+            if r.n_shared < r.n_full:
                 self._register(r)
-            pos = r.pos
-            if r.computed != r.prompt_len + pos:
+            seq = r.seq
+            if r.computed != seq:
                 continue  # prefill chunk still incomplete
             if trt and not r.dec and r.max_out != 1:
-                decode_kv += r.prompt_len + pos  # trtllm: first token is a decode step
+                decode_kv += seq  # trtllm: the first token is a decode step of this pass
                 n_decode += 1
+            pos = r.pos
             r.pos = pos + 1
-            done = r.pos >= r.max_out
+            r.seq = seq + 1
+            fin = pos + 1 >= r.max_out
             if r.reported:
-                signals.append(Signal(r.key, r.token_at(pos), pos, done))
+                emit(Signal(r.key, r.token_at(pos), pos, fin))
             else:
-                r.reported = True
-                self._cached_total += r.cached
-                signals.append(Signal(r.key, r.token_at(pos), pos, done, False, r.cached))
-            emitted += 1
-            if done:
-                any_done = True
-                r.state = _DONE  # removed from running below
-                del self._reqs[r.key]
+                self._first_signal(r, pos, fin, emit)
+            if fin:
+                done.append(r)
+
+        emitted = len(signals)
+        if done:
+            reqs = self._reqs
+            for r in done:
+                r.state = _DONE
+                del reqs[r.key]
                 self._release(r)
-                self._completed += 1
-        if any_done:
+            self._completed += len(done)
             self._running = [r for r in running if r.state == _RUNNING]
 
         timing = self._timing
         duration = timing.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
         if n_decode:
             duration += timing.decode_ms(decode_kv)
-        nb = len(batch)
         self._passes += 1
         self._tokens += emitted
         self._prefill_total += prefill_tokens
         self._busy_ms += duration
-        self._last_batch = nb
+        self._last_batch = n_batch
         self._last_ms = duration
-        self._recent.append((nb, duration))
-        return PassResult(duration, signals, nb, prefill_tokens, n_decode)
+        self._recent.append((n_batch, duration))
+        return PassResult(duration, signals, n_batch, prefill_tokens, n_decode)
 
     # ---- helpers ------------------------------------------------------------------------
+    def _first_signal(
+        self, r: _Req, pos: int, fin: bool, emit: Callable[[Signal], None]
+    ) -> None:
+        r.reported = True
+        self._cached_total += r.cached
+        emit(Signal(r.key, r.token_at(pos), pos, fin, False, r.cached))
+
+    def _grow(self, r: _Req, tokens: int) -> bool:
+        """Allocate blocks so `r` can hold `tokens` tokens of KV; False if the pool is full."""
+        bs = self._bs
+        extra = -(-tokens // bs) - r.n_shared - r.private
+        if not self._pool.alloc_private(extra):
+            return False
+        r.private += extra
+        r.cap = (r.n_shared + r.private) * bs
+        self._outstanding -= extra
+        return True
+
+    def _make_room(self, r: _Req, tokens: int) -> bool:
+        """vllm: preempt the newest running requests until `r` can grow to `tokens`.
+        False if `r` itself had to be preempted."""
+        running = self._running
+        while True:
+            victim = running[-1]
+            self._preempt(victim)
+            if victim is r:
+                return False
+            if self._grow(r, tokens):
+                return True
+
     def _try_admit(self, r: _Req, budget: int) -> int:
         """Admit `r` and allocate its blocks for this pass; tokens scheduled, or -1 to wait."""
         pool = self._pool
         bs = self._bs
         plen = r.prompt_len
-        seq = plen + r.pos
+        seq = r.seq
         matched = active = 0
         if self._caching:
             if r.hashes is None:
@@ -472,7 +520,10 @@ class Scheduler:
             return -1
         r.n_shared = matched
         r.private = extra
+        r.cap = (matched + extra) * bs
         r.computed = computed
+        r.dec = need <= 1 and computed >= plen
+        r.sched = n
         if not r.reported:
             r.cached = hit
         if not self._vllm:
@@ -504,6 +555,7 @@ class Scheduler:
             self._outstanding -= r.reserve - r.n_shared - r.private
         r.n_shared = 0
         r.private = 0
+        r.cap = 0
 
     def _preempt(self, r: _Req) -> None:
         """vllm LIFO preemption with recompute: r is the last running request."""

@@ -118,6 +118,20 @@ def test_link_shape_parsing() -> None:
     assert netem[1][4:8] == ["parent", "1:1", "handle", "2:"]
 
 
+def test_hosts_table() -> None:
+    import tomllib
+
+    from launch.linkshape import hosts_from_config
+
+    table = tomllib.loads('[hosts.fe]\n[hosts.gpu1]\nrate = "1gbit"\nqueue = "5ms"\n')["hosts"]
+    shapes = hosts_from_config(table)
+    assert shapes == {"fe": LinkShape(), "gpu1": LinkShape(rate_bps=10**9, queue_s=0.005)}
+    with pytest.raises(TopologyError, match=r"hosts\.gpu1\.bandwidth: unknown key"):
+        hosts_from_config({"gpu1": {"bandwidth": "1gbit"}})
+    with pytest.raises(TopologyError, match=r"hosts\.gpu1 = 'x': expected a table"):
+        hosts_from_config({"gpu1": "x"})
+
+
 def test_bad_host_names_are_refused() -> None:
     for bad in ("GPU", "a b", "-x", "x" * 40, "a/b"):
         with pytest.raises(TopologyError, match="host name"):

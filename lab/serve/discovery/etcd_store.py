@@ -63,14 +63,14 @@ def parse_etcd_spec(spec: str) -> tuple[str, str]:
     ValueError naming the spec when it is malformed.
     """
     if not spec.startswith("etcd://"):
-        raise ValueError(f"--discovery {spec!r}: expected etcd://HOST:PORT[/prefix]")
+        raise ValueError(f"--discovery {spec!r}: expected etcd://HOST:PORT[/prefix] (or file:DIR)")
     parts = urlsplit("http://" + spec[len("etcd://") :])
     try:
         port = parts.port
     except ValueError:
         port = None
     if not parts.hostname or port is None or parts.query or parts.fragment:
-        raise ValueError(f"--discovery {spec!r}: expected etcd://HOST:PORT[/prefix]")
+        raise ValueError(f"--discovery {spec!r}: expected etcd://HOST:PORT[/prefix] (or file:DIR)")
     host = parts.hostname
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     path = parts.path.strip("/")
@@ -355,7 +355,7 @@ class EtcdRegistry(Registry):
                             else:
                                 record = self._decode(kv)
                                 if record is not None:
-                                    pass
+                                    state[key] = record
                         yield sorted(state.values(), key=lambda r: r.worker_id)
         except aiohttp.ClientConnectionError as exc:
             raise EtcdUnavailable(f"etcd at {self.url} is unreachable (/v3/watch): {exc}") from exc

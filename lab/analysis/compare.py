@@ -1,0 +1,159 @@
+"""Compare runs aligned by concurrency: deltas in percent against the first run, and a sentence
+("disaggregated costs 4.1% throughput at 32, 11.8% at 128")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# (column of by_concurrency levels, label in tables)
+COMPARED = (
+    ("req_s", "req/s"),
+    ("out_tok_s", "out tok/s"),
+    ("latency_ms_avg", "latency avg ms"),
+    ("latency_ms_p99", "latency p99 ms"),
+    ("ttft_ms_avg", "TTFT avg ms"),
+    ("ttft_ms_p99", "TTFT p99 ms"),
+)
+NEGLIGIBLE_PCT = 0.05
+
+
+@dataclass
+class RunData:
+    label: str
+    path: Path | None
+    levels: pd.DataFrame  # by_concurrency() rows
+    requests: pd.DataFrame | None = None
+    config: dict | None = None
+
+
+def topology_mode(config: dict | None) -> str | None:
+    """'aggregated' / 'disaggregated' from a run's config.json, 'target' for --target runs."""
+    if not config:
+        return None
+    sweep = config.get("sweep") or {}
+    if sweep.get("target"):
+        return "target"
+    topo = config.get("topology")
+    if not topo:
+        return None
+    roles = {f.get("role") for f in topo.get("fleets", [])}
+    if roles & {"prefill", "decode"}:
+        return "disaggregated"
+    return "aggregated"
+
+
+def run_labels(runs: list[tuple[str, dict | None]]) -> list[str]:
+    """Labels: topology modes when they tell the runs apart, else the run names."""
+    modes = [topology_mode(cfg) for _, cfg in runs]
+    if all(modes) and len(set(modes)) == len(modes):
+        return [str(m) for m in modes]
+    names = [name for name, _ in runs]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{name} ({i + 1})" for i, name in enumerate(names)]
+
+
+def delta_pct(base: float | None, other: float | None) -> float | None:
+    if base is None or other is None or pd.isna(base) or pd.isna(other) or base == 0:
+        return None
+    return 100.0 * (other / base - 1.0)
+
+
+def align(runs: list[RunData]) -> pd.DataFrame:
+    """One row per concurrency that the first run and at least one other share; for each compared
+    metric the value of every run and each other run's delta (%) against the first."""
+    base = runs[0].levels.set_index("concurrency")
+    others = [r.levels.set_index("concurrency") for r in runs[1:]]
+    concs = sorted(set(base.index).intersection(*[set(o.index) for o in others])) if others else []
+    rows = []
+    for c in concs:
+        row: dict[str, Any] = {"concurrency": int(c)}
+        for col, _ in COMPARED:
+            b = base.at[c, col] if col in base else None
+            row[f"{col}|{runs[0].label}"] = b
+            for run, o in zip(runs[1:], others, strict=True):
+                v = o.at[c, col] if col in o else None
+                row[f"{col}|{run.label}"] = v
+                row[f"{col}|{run.label}|delta_pct"] = delta_pct(b, v)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _fmt_pct(x: float) -> str:
+    return f"{abs(x):.1f}%"
+
+
+def throughput_sentence(aligned: pd.DataFrame, base_label: str, label: str,
+                        modes: bool = True) -> str:
+    """'disaggregated costs 4.1% throughput at 32, 11.8% at 128' (and/or 'gains ...')."""
+    col = f"req_s|{label}|delta_pct"
+    if aligned.empty or col not in aligned:
+        return f"{label} and {base_label} share no concurrency level: nothing to compare"
+    costs, gains, same = [], [], []
+    for c, d in zip(aligned["concurrency"], aligned[col], strict=True):
+        if d is None or pd.isna(d):
+            continue
+        if abs(d) < NEGLIGIBLE_PCT:
+            same.append(int(c))
+        elif d < 0:
+            costs.append((int(c), d))
+        else:
+            gains.append((int(c), d))
+
+    def listing(items: list[tuple[int, float]]) -> str:
+        first, *rest = items
+        parts = [f"{_fmt_pct(first[1])} throughput at {first[0]}"]
+        parts += [f"{_fmt_pct(d)} at {c}" for c, d in rest]
+        return ", ".join(parts)
+
+    clauses = []
+    if costs:
+        clauses.append("costs " + listing(costs))
+    if gains:
+        clauses.append("gains " + listing(gains))
+    if same:
+        clauses.append("matches throughput at " + ", ".join(str(c) for c in same))
+    if not clauses:
+        return f"{label}: no throughput figures to compare"
+    vs = "" if modes else f" (vs {base_label})"
+    return f"{label}{vs} " + " and ".join(clauses)
+
+
+def compare_sentences(runs: list[RunData], aligned: pd.DataFrame) -> list[str]:
+    modes = all(topology_mode(r.config) for r in runs)
+    return [throughput_sentence(aligned, runs[0].label, r.label, modes=modes) for r in runs[1:]]
+
+
+def table_rows(runs: list[RunData], aligned: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the printed comparison: per metric, each run's value and deltas."""
+    header = ["Conc"]
+    for _, name in COMPARED:
+        header.append(f"{name} ({runs[0].label})")
+        for r in runs[1:]:
+            header += [f"{name} ({r.label})", "Δ%"]
+    rows = []
+    for _, a in aligned.iterrows():
+        row = [str(int(a["concurrency"]))]
+        for col, _ in COMPARED:
+            row.append(_num(a.get(f"{col}|{runs[0].label}")))
+            for r in runs[1:]:
+                row.append(_num(a.get(f"{col}|{r.label}")))
+                d = a.get(f"{col}|{r.label}|delta_pct")
+                row.append("" if d is None or pd.isna(d) else f"{d:+.1f}%")
+        rows.append(row)
+    return header, rows
+
+
+def _num(v: Any) -> str:
+    if v is None or pd.isna(v):
+        return "-"
+    v = float(v)
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 100:
+        return f"{v:.1f}"
+    return f"{v:.2f}"

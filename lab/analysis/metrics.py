@@ -1,0 +1,258 @@
+"""The metric definitions of measurement.md, in one place.
+
+| metric | definition |
+|---|---|
+| TTFT | first content chunk - request sent |
+| TTST | second content chunk - first content chunk |
+| request latency | last content chunk - request sent |
+| ITL (per request) | (latency - TTFT) / (output tokens - 1) |
+| inter-chunk gaps | every gap between consecutive content chunks, pooled over requests |
+| output tokens | the server's usage when present, else counted chunks (column output_tokens_source) |
+| request throughput | successful requests / measured duration |
+| output token throughput | total output tokens (successful requests) / measured duration |
+| measured duration | last response of the level - first request of the level (warm-up excluded) |
+| error rate | failed / (succeeded + failed) |
+| goodput | requests meeting every given SLO / measured duration |
+
+Per-request values (ttft_ms, latency_ms, ...) are computed by the client from the stamps
+(lab.load.sse) with the same formulas; `recompute_request_metrics` re-derives them from the
+raw ns columns so a run can be re-analysed from requests.parquet alone.
+
+Percentiles are exact: numpy's linear interpolation over all values.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+STATS = ("avg", "std", "min", "p50", "p90", "p95", "p99", "max")
+PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
+
+
+@dataclass(frozen=True)
+class SLOs:
+    """Service-level objectives for goodput (None = not constrained)."""
+
+    ttft_ms: float | None = None
+    latency_ms: float | None = None
+    itl_ms: float | None = None
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.latency_ms, self.itl_ms))
+
+
+def describe(values: Any) -> dict[str, float | None]:
+    """Exact summary statistics: avg, std (population), min, p50, p90, p95, p99, max."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return dict.fromkeys(STATS)
+    out: dict[str, float | None] = {
+        "avg": float(arr.mean()),
+        "std": float(arr.std()),
+        "min": float(arr.min()),
+        "max": float(arr.max()),
+    }
+    pct = np.percentile(arr, list(PERCENTILES.values()))
+    for name, value in zip(PERCENTILES, pct, strict=True):
+        out[name] = float(value)
+    return out
+
+
+def recompute_request_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Re-derive ttft/ttst/latency/itl (ms) from the ns columns (the definitions above)."""
+    out = df.copy()
+    sent = out["sent_ns"].astype("float64")
+    first = out["first_ns"].astype("float64")
+    end = out["end_ns"].astype("float64")
+    out["ttft_ms"] = (first - sent) / 1e6
+    out["latency_ms"] = (end - sent) / 1e6
+    toks = out["output_tokens"].astype("float64")
+    out["itl_ms"] = ((out["latency_ms"] - out["ttft_ms"]) / (toks - 1)).where(toks > 1)
+
+    def ttst(times: Any) -> float | None:
+        return (times[1] - times[0]) / 1e6 if times is not None and len(times) > 1 else None
+
+    out["ttst_ms"] = out["chunk_times_ns"].map(ttst).astype("float64")
+    return out
+
+
+def chunk_gaps_ms(df: pd.DataFrame) -> np.ndarray:
+    """Every gap between consecutive content chunks, pooled over the rows' requests (ms)."""
+    parts = [np.diff(np.asarray(t, dtype=np.int64)) for t in df["chunk_times_ns"]
+             if t is not None and len(t) > 1]
+    if not parts:
+        return np.empty(0)
+    return np.concatenate(parts) / 1e6
+
+
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows that count for statistics (warm-up excluded)."""
+    return df[~df["warmup"].astype(bool)]
+
+
+def window_ns(df: pd.DataFrame) -> tuple[int | None, int | None]:
+    """Measured window: first request sent -> last response (last content chunk, or stream end
+    for a request without content), over non-warm-up rows."""
+    m = measured(df)
+    if m.empty:
+        return None, None
+    start = int(m["sent_ns"].min())
+    last = m["end_ns"].astype("float64").fillna(m["done_ns"].astype("float64"))
+    end = int(last.max()) if last.notna().any() else start
+    return start, end
+
+
+def error_counts(df: pd.DataFrame) -> dict[str, int]:
+    failed = df[~df["ok"].astype(bool)]
+    return dict(Counter(str(k) for k in failed["error_kind"]).most_common())
+
+
+def format_errors(counts: dict[str, int]) -> str:
+    """'0', or '3 (http_503: 2, disconnect: 1)'."""
+    total = sum(counts.values())
+    if not total:
+        return "0"
+    return f"{total} (" + ", ".join(f"{k}: {n}" for k, n in counts.items()) + ")"
+
+
+def _prefixed(prefix: str, stats: dict[str, float | None], keep: tuple[str, ...] = STATS) -> dict:
+    return {f"{prefix}_{k}": stats[k] for k in keep}
+
+
+def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | None,
+                    duration_s: float, ok: int) -> dict[str, Any]:
+    """Each server process's CPU % (mean of samples in the window) and peak RSS (MB), and the
+    server's CPU per request (ms, summed over processes)."""
+    if procs is None or procs.empty or start is None or end is None:
+        return {}
+    win = procs[(procs["t_ns"] >= start) & (procs["t_ns"] <= end)]
+    if win.empty:  # a level shorter than the sampling interval: the first sample after it
+        after = procs[procs["t_ns"] > end]
+        if after.empty:
+            return {}
+        win = after[after["t_ns"] == after["t_ns"].min()]
+    out: dict[str, Any] = {}
+    total_cpu_s = 0.0
+    for name, g in win.groupby("name", sort=True):
+        cpu = float(g["cpu_pct"].mean())
+        out[f"cpu_pct:{name}"] = cpu
+        out[f"rss_peak_mb:{name}"] = float(g["rss_bytes"].max()) / 1e6
+        cpu_s = cpu / 100.0 * duration_s
+        total_cpu_s += cpu_s
+        out[f"cpu_s_per_1k:{name}"] = 1000.0 * cpu_s / ok if ok else None
+    out["server_cpu_pct"] = sum(v for k, v in out.items() if k.startswith("cpu_pct:"))
+    out["server_cpu_ms_per_req"] = 1000.0 * total_cpu_s / ok if ok else None
+    return out
+
+
+def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
+                  client: dict | None = None, slos: SLOs | None = None) -> dict[str, Any]:
+    """One row of levels.csv from the requests of one level (one concurrency, one repeat)."""
+    m = measured(df)
+    ok_rows = m[m["ok"].astype(bool)]
+    n_ok = len(ok_rows)
+    n_failed = len(m) - n_ok
+    start, end = window_ns(df)
+    duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
+    out_tokens = int(ok_rows["output_tokens"].fillna(0).sum())
+    chunks = int(ok_rows["chunks"].fillna(0).sum())
+    errors = error_counts(m)
+    row: dict[str, Any] = {
+        "concurrency": int(df["concurrency"].iloc[0]) if len(df) else None,
+        "repeat": int(df["repeat"].iloc[0]) if "repeat" in df and len(df) else 0,
+        "requests": len(m),
+        "ok": n_ok,
+        "failed": n_failed,
+        "warmup": int(len(df) - len(m)),
+        "error_rate": n_failed / len(m) if len(m) else None,
+        "errors": format_errors(errors),
+        "duration_s": duration_s,
+        "req_s": n_ok / duration_s if duration_s > 0 else None,
+        "out_tok_s": out_tokens / duration_s if duration_s > 0 else None,
+        "output_tokens": out_tokens,
+        "output_tokens_mean": float(ok_rows["output_tokens"].mean()) if n_ok else None,
+        "input_tokens_mean": float(ok_rows["input_tokens"].mean()) if n_ok else None,
+        "cached_tokens_mean": (float(ok_rows["cached_tokens"].mean())
+                               if n_ok and ok_rows["cached_tokens"].notna().any() else None),
+        "output_tokens_source": (ok_rows["output_tokens_source"].mode().iloc[0] if n_ok else None),
+        "tokens_per_chunk": out_tokens / chunks if chunks else None,
+        "window_start_ns": start,
+        "window_end_ns": end,
+    }
+    row.update(_prefixed("ttft_ms", describe(ok_rows["ttft_ms"])))
+    row.update(_prefixed("ttst_ms", describe(ok_rows["ttst_ms"]), ("avg", "p50", "p99")))
+    row.update(_prefixed("latency_ms", describe(ok_rows["latency_ms"])))
+    row.update(_prefixed("itl_ms", describe(ok_rows["itl_ms"]), ("avg", "p50", "p99")))
+    row.update(_prefixed("gap_ms", describe(chunk_gaps_ms(ok_rows)), ("avg", "p50", "p99", "max")))
+    row.update(_prefixed("send_delay_ms", describe(m["send_delay_ms"]), ("p50", "p99", "max")))
+    if slos is not None and slos.given():
+        good = ok_rows
+        if slos.ttft_ms is not None:
+            good = good[good["ttft_ms"] <= slos.ttft_ms]
+        if slos.latency_ms is not None:
+            good = good[good["latency_ms"] <= slos.latency_ms]
+        if slos.itl_ms is not None:
+            good = good[good["itl_ms"].fillna(0) <= slos.itl_ms]
+        row["goodput_req_s"] = len(good) / duration_s if duration_s > 0 else None
+    client = client or {}
+    row["client_procs"] = client.get("procs")
+    row["client_cpu_pct"] = client.get("cpu_pct")
+    row["client_cpu_pct_max_proc"] = client.get("cpu_pct_max_proc")
+    row["client_cpu_ms_per_req"] = client.get("cpu_ms_per_request")
+    row["loop_lag_p99_ms"] = client.get("loop_lag_p99_ms")
+    row["loop_lag_max_ms"] = client.get("loop_lag_max_ms")
+    row.update(process_figures(procs, start, end, duration_s, n_ok))
+    return row
+
+
+def level_key(concurrency: int, repeat: int) -> str:
+    return f"{concurrency}/{repeat}"
+
+
+def summarize_run(requests: pd.DataFrame, *, procs: pd.DataFrame | None = None,
+                  clients: dict[str, dict] | None = None, slos: SLOs | None = None) -> pd.DataFrame:
+    """levels.csv: one row per (concurrency, repeat), sorted; `clients` keyed by level_key()."""
+    if "repeat" not in requests:
+        requests = requests.assign(repeat=0)
+    rows = []
+    for (conc, rep), g in requests.groupby(["concurrency", "repeat"], sort=True):
+        client = (clients or {}).get(level_key(int(conc), int(rep)))
+        rows.append(level_summary(g, procs=procs, client=client, slos=slos))
+    return pd.DataFrame(rows)
+
+
+def by_concurrency(levels: pd.DataFrame) -> pd.DataFrame:
+    """One row per concurrency: the mean over repeats, plus min/max of req/s and latency avg
+    (the spread shown when a sweep repeats levels)."""
+    if levels.empty:
+        return levels
+    numeric = levels.select_dtypes("number").columns.difference(["concurrency", "repeat"])
+    agg = levels.groupby("concurrency", sort=True)
+    out = agg[list(numeric)].mean()
+    out["repeats"] = agg.size()
+    for col in ("req_s", "latency_ms_avg"):
+        if col in levels:
+            out[f"{col}_min"] = agg[col].min()
+            out[f"{col}_max"] = agg[col].max()
+    out["errors"] = agg["errors"].agg(_merge_errors)
+    for col in ("failed", "ok", "requests"):
+        out[col] = agg[col].sum()
+    return out.reset_index()
+
+
+def _merge_errors(values: pd.Series) -> str:
+    total: Counter[str] = Counter()
+    for text in values:
+        if not text or text == "0" or "(" not in text:
+            continue
+        inner = text[text.index("(") + 1 : text.rindex(")")]
+        for part in inner.split(", "):
+            kind, _, n = part.rpartition(": ")
+            total[kind] += int(n)
+    return format_errors(dict(total.most_common()))

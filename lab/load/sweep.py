@@ -1,0 +1,178 @@
+"""Drive a concurrency sweep against an OpenAI URL and write the run directory as it goes.
+
+This is the launcher-free half of `lab sweep` (the command wraps it in a Stack, or points it at
+--target). After every level: requests.parquet (rewritten atomically with all completed levels),
+client.json and levels.csv/json are on disk, so an interrupted sweep keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+
+from lab.analysis import rundir
+from lab.analysis.metrics import level_key, summarize_run
+from lab.load.client import ClientOptions, LevelResult, Progress, run_level
+from lab.load.workload import RequestSet, WorkloadSpec
+
+TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
+
+
+def default_requests(concurrency: int) -> int:
+    """Requests per level when --requests is not given: enough rounds of the closed loop to
+    measure a steady state, small enough that the default sweep takes a minute or two."""
+    return max(100, 8 * concurrency)
+
+
+def level_seed(concurrency: int, repeat: int) -> int:
+    return concurrency * 1000 + repeat
+
+
+@dataclass
+class SweepPlan:
+    concurrency: list[int]
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    requests: int | None = None  # per level (None: default_requests(c))
+    duration_s: float | None = None  # per level, instead of a request count
+    warmup: int | None = None  # per level (None: one request per slot = the concurrency)
+    repeat: int = 1
+    client: ClientOptions = field(default_factory=ClientOptions)
+
+    def requests_for(self, c: int) -> int:
+        return self.requests if self.requests is not None else default_requests(c)
+
+    def warmup_for(self, c: int) -> int:
+        return self.warmup if self.warmup is not None else c
+
+    def levels(self) -> list[tuple[int, int]]:
+        return [(c, r) for c in self.concurrency for r in range(self.repeat)]
+
+    def to_dict(self) -> dict:
+        return {
+            "concurrency": self.concurrency,
+            "workload": self.workload.to_dict(),
+            "requests": self.requests,
+            "requests_per_level": {str(c): self.requests_for(c) for c in self.concurrency}
+            if self.duration_s is None else None,
+            "duration_s": self.duration_s,
+            "warmup": self.warmup,
+            "warmup_per_level": {str(c): self.warmup_for(c) for c in self.concurrency},
+            "repeat": self.repeat,
+            "client": asdict(self.client),
+            "client_procs": self.client.procs,
+        }
+
+
+class LineProgress:
+    """A live progress line per level on stderr (\\r-updated on a terminal, one line otherwise)."""
+
+    def __init__(self, quiet: bool = False, stream=None) -> None:
+        self.quiet = quiet
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.label = ""
+
+    def start(self, label: str) -> None:
+        self.label = label
+
+    def _line(self, p: Progress) -> str:
+        total = f"/{p.total}" if p.total is not None else ""
+        rate = p.done / p.elapsed_s if p.elapsed_s > 0 else 0.0
+        return (f"{self.label}: {p.done}{total} requests, {rate:,.1f} req/s, "
+                f"{p.errors} errors, {p.elapsed_s:.1f} s")
+
+    def update(self, p: Progress) -> None:
+        if self.quiet or not self.tty:
+            return
+        self.stream.write("\r" + self._line(p).ljust(78))
+        self.stream.flush()
+
+    def done(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\r" + " " * 78 + "\r")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+class SweepRunner:
+    def __init__(self, run_dir: Path, url: str, model: str, plan: SweepPlan, *,
+                 progress: LineProgress | None = None,
+                 procs_samples: Callable[[], list[dict]] | None = None,
+                 on_level: Callable[[int, int, LevelResult], None] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.url = url
+        self.model = model
+        self.plan = plan
+        self.progress = progress or LineProgress(quiet=True)
+        self.procs_samples = procs_samples
+        self.on_level = on_level
+        self.writer = rundir.RequestsWriter(self.run_dir)
+        self.clients: dict[str, dict] = {}
+        self.records: list[dict] = []
+        self.run_id = self.run_dir.name
+        self.started_ns: int | None = None
+
+    async def run_one(self, concurrency: int, repeat: int) -> LevelResult:
+        plan = self.plan
+        warmup = plan.warmup_for(concurrency)
+        seed = level_seed(concurrency, repeat)
+        if plan.duration_s is None:
+            bodies = RequestSet(plan.workload, self.model, seed,
+                                warmup + plan.requests_for(concurrency))
+            options = plan.client
+        else:
+            bodies = RequestSet(plan.workload, self.model, seed, TIMED_LEVEL_MAX_REQUESTS)
+            options = plan.client
+        options = replace(options, request_id_prefix=f"c{concurrency}-r{repeat}-")
+        label = f"c={concurrency}" + (f" (repeat {repeat + 1}/{plan.repeat})"
+                                      if plan.repeat > 1 else "")
+        self.progress.start(label)
+        if self.started_ns is None:
+            self.started_ns = time.perf_counter_ns()
+        if plan.duration_s is not None and warmup:
+            # a timed level: the warm-up requests are the first `warmup` of the level
+            pass
+        result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
+                                 progress=self.progress.update)
+        self._save(concurrency, repeat, result)
+        return result
+
+    def _save(self, concurrency: int, repeat: int, result: LevelResult) -> None:
+        for r in result.records:
+            r["run_id"] = self.run_id
+            r["repeat"] = repeat
+        self.records.extend(result.records)
+        self.writer.append(result.records)
+        self.clients[level_key(concurrency, repeat)] = {
+            k: v for k, v in result.client.items() if k != "loop_lags_ns"}
+        rundir.write_json(self.run_dir / rundir.CLIENT_JSON, self.clients)
+        requests = pd.DataFrame(self.records)
+        procs = pd.DataFrame(self.procs_samples()) if self.procs_samples else None
+        levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
+                               clients=self.clients)
+        rundir.write_levels(self.run_dir, levels)
+        row = levels[(levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)].iloc[0]
+        self.progress.done(level_line(row, self.progress.label))
+        if self.on_level:
+            self.on_level(concurrency, repeat, result)
+
+    async def run(self) -> None:
+        for concurrency, repeat in self.plan.levels():
+            await self.run_one(concurrency, repeat)
+
+
+def level_line(row: pd.Series, label: str) -> str:
+    def f(v: float | None, d: int = 1) -> str:
+        return "-" if v is None or pd.isna(v) else f"{v:,.{d}f}"
+
+    return (f"{label}: {int(row['requests'])} requests in {f(row['duration_s'], 2)} s, "
+            f"{f(row['req_s'])} req/s, {f(row['out_tok_s'], 0)} out tok/s, "
+            f"latency avg {f(row['latency_ms_avg'])} ms, TTFT avg {f(row['ttft_ms_avg'], 2)} ms, "
+            f"errors {row['errors']}")

@@ -1,0 +1,165 @@
+"""Analyse a run directory: levels.csv/json, plots/*.png and report.md, from requests.parquet
+(+ procs.parquet, client.json, config.json and events.jsonl when present).
+
+`lab sweep` calls `write_levels_only` after every level and `build_run` at the end;
+`lab report RUN` calls `build_run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from lab.analysis import rundir
+from lab.analysis.faults import FaultAnalysis, analyse_faults
+from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
+from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
+from lab.report import plots
+from lab.report.markdown import build_report, fnum
+
+
+@dataclass
+class RunAnalysis:
+    run_dir: Path
+    levels: pd.DataFrame  # one row per (concurrency, repeat)
+    table: pd.DataFrame  # one row per concurrency (mean over repeats)
+    knee: Knee
+    config: dict
+    plots: list[Path] = field(default_factory=list)
+    faults: FaultAnalysis | None = None
+
+
+def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
+    t = table.dropna(subset=["req_s", "latency_ms_avg"])
+    return find_knee(list(t["concurrency"]), list(t["req_s"]), list(t["latency_ms_avg"]),
+                     threshold)
+
+
+def _slos(config: dict) -> SLOs | None:
+    s = (config.get("sweep") or {}).get("slos") or {}
+    return SLOs(**s) if s else None
+
+
+def compute_levels(run_dir: Path, requests: pd.DataFrame | None = None,
+                   config: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    run_dir = Path(run_dir)
+    if requests is None:
+        requests = rundir.read_requests(run_dir)
+    config = config if config is not None else rundir.read_json(run_dir / rundir.CONFIG, {})
+    clients = rundir.read_json(run_dir / rundir.CLIENT_JSON, {}) or {}
+    procs = rundir.read_procs(run_dir)
+    levels = summarize_run(requests, procs=procs, clients=clients, slos=_slos(config))
+    return levels, by_concurrency(levels)
+
+
+def write_levels_only(run_dir: Path, requests: pd.DataFrame, config: dict,
+                      procs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """levels.csv/json from what is known so far (called after each level of a sweep)."""
+    clients = rundir.read_json(Path(run_dir) / rundir.CLIENT_JSON, {}) or {}
+    levels = summarize_run(requests, procs=procs, clients=clients, slos=_slos(config))
+    rundir.write_levels(run_dir, levels)
+    return levels
+
+
+def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
+    sweep = config.get("sweep") or {}
+    lines = []
+    if sweep.get("target"):
+        lines.append(f"target: {sweep['target']} (external; nothing launched), "
+                     f"model {sweep.get('model')}")
+    elif config.get("topology"):
+        topo = config["topology"]
+        fleets = ", ".join(f"{f.get('count', 1)}x {f.get('role')} (speedup {f.get('speedup')})"
+                           for f in topo.get("fleets", []))
+        lines.append(f"topology: {fleets}; router {topo.get('router')}; "
+                     f"sockets {topo.get('sockets')}")
+    wl = sweep.get("workload") or {}
+    if wl:
+        lines.append(
+            f"workload: ISL {wl.get('isl')} (stddev {wl.get('isl_stddev')}), OSL {wl.get('osl')} "
+            f"(stddev {wl.get('osl_stddev')}), shared prefix {wl.get('shared_prefix')}, "
+            f"{wl.get('prompt_kind')} prompts, seed {wl.get('seed')}, "
+            f"stream={wl.get('stream')}")
+    per_level = (f"{sweep['duration_s']:g} s" if sweep.get("duration_s")
+                 else f"{sweep.get('requests')} requests")
+    if sweep:
+        lines.append(f"per level: {per_level} + {sweep.get('warmup', 0)} warm-up, "
+                     f"repeat {sweep.get('repeat', 1)}, client processes "
+                     f"{sweep.get('client_procs', 1)}")
+    n_total = len(requests)
+    n_ok = int(requests["ok"].sum()) if n_total else 0
+    lines.append(f"requests recorded: {n_total} ({n_ok} ok, {n_total - n_ok} failed, "
+                 "warm-up included)")
+    machine = config.get("machine") or {}
+    if machine:
+        lines.append(f"machine: {machine.get('cpu_count')} CPUs ({machine.get('cpu_model')}), "
+                     f"kernel {machine.get('kernel')}")
+    return lines
+
+
+def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = True,
+              knee_threshold: float | None = None) -> RunAnalysis:
+    """Rebuild levels.*, plots and report.md of a run directory."""
+    run_dir = Path(run_dir)
+    requests = rundir.read_requests(run_dir)
+    config = rundir.read_json(run_dir / rundir.CONFIG, {}) or {}
+    levels, table = compute_levels(run_dir, requests, config)
+    rundir.write_levels(run_dir, levels)
+    threshold = knee_threshold or (config.get("sweep") or {}).get("knee_threshold") \
+        or DEFAULT_THRESHOLD
+    knee = knee_of(table, threshold)
+    events = rundir.read_events(run_dir)
+    faults = analyse_faults(requests, events) if any(
+        e.get("event") == "fault" for e in events) else None
+    pdir = run_dir / rundir.PLOTS
+    made: list[tuple[str, Path]] = []
+    if make_plots and not table.empty:
+        made.append(("Throughput vs concurrency",
+                     plots.throughput_vs_concurrency(table, pdir / "throughput.png")))
+        made.append(("Latency (avg, p99) vs throughput, knee marked",
+                     plots.latency_vs_throughput(table, pdir / "latency_vs_throughput.png",
+                                                 knee.knee)))
+        made.append(("TTFT distribution per concurrency",
+                     plots.ttft_distribution(requests, pdir / "ttft.png")))
+        made.append(("Inter-chunk gap distribution",
+                     plots.gap_distribution(requests, pdir / "chunk_gaps.png")))
+        cpu = plots.server_cpu(table, pdir / "server_cpu.png")
+        if cpu is not None:
+            made.append(("CPU per process per level", cpu))
+        if faults is not None:
+            made.append(("Fault timeline", plots.fault_timeline(
+                requests, faults.fault_marks(), pdir / "fault_timeline.png",
+                markers=faults.worker_marks())))
+    sweep = config.get("sweep") or {}
+    note = None
+    if sweep.get("target"):
+        note = ("Per-process server CPU is absent: this sweep ran against an external target "
+                f"({sweep['target']}), so the lab launched and sampled no server process.")
+    elif rundir.read_procs(run_dir) is None:
+        note = "Per-process server CPU is absent: the run directory has no procs.parquet."
+    name = sweep.get("name") or run_dir.name
+    report = build_report(
+        title=title or f"Sweep {name}",
+        setup=_setup_lines(config, requests),
+        levels=table,
+        knee=knee,
+        plots=[(cap, str(p.relative_to(run_dir))) for cap, p in made],
+        server_cpu_note=note,
+        fault_md=faults.markdown() if faults is not None else None,
+    )
+    (run_dir / rundir.REPORT).write_text(report)
+    return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults)
+
+
+def summary_lines(analysis: RunAnalysis) -> list[str]:
+    """Short terminal summary after the table."""
+    out = [analysis.knee.sentence()]
+    t = analysis.table
+    if not t.empty:
+        best = t.loc[t["req_s"].idxmax()] if t["req_s"].notna().any() else None
+        if best is not None:
+            out.append(f"peak throughput {fnum(best['req_s'])} req/s "
+                       f"({fnum(best['out_tok_s'], 0)} out tok/s) at c={int(best['concurrency'])}")
+    return out

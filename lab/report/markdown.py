@@ -1,0 +1,144 @@
+"""report.md and the terminal table: the results table of measurement.md, the knee sentence,
+the client-health sentence, per-process CPU, plots, and a fault section when faults were injected."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from lab.analysis.knee import Knee
+
+CLIENT_CPU_BUSY_PCT = 90.0  # a client process using this much of a core is saturated
+CLIENT_LAG_P99_MS = 1.0  # event-loop lag p99 above this: the client delays its own stamps
+
+
+def _isnum(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
+def fnum(v: Any, digits: int = 1) -> str:
+    if not _isnum(v):
+        return "-"
+    v = float(v)
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """The table of measurement.md: Conc, req/s, out tok/s, latency avg/p99, TTFT avg/p50/p99,
+    tokens per chunk, errors (with kinds). `levels` = by_concurrency() rows."""
+    header = ["Conc", "req/s", "out tok/s", "Latency avg ms", "p99", "TTFT avg ms", "p50", "p99",
+              "tok/chunk", "Errors"]
+    rows = []
+    for _, r in levels.iterrows():
+        req = fnum(r.get("req_s"))
+        if r.get("repeats", 1) and r.get("repeats", 1) > 1 and _isnum(r.get("req_s_min")):
+            req += f" ({fnum(r['req_s_min'])}-{fnum(r['req_s_max'])})"
+        rows.append([
+            str(int(r["concurrency"])), req, fnum(r.get("out_tok_s"), 0),
+            fnum(r.get("latency_ms_avg")), fnum(r.get("latency_ms_p99")),
+            fnum(r.get("ttft_ms_avg"), 2), fnum(r.get("ttft_ms_p50"), 2),
+            fnum(r.get("ttft_ms_p99"), 2), fnum(r.get("tokens_per_chunk"), 2),
+            str(r.get("errors", "0")),
+        ])
+    return header, rows
+
+
+def results_table(levels: pd.DataFrame) -> str:
+    return md_table(*results_rows(levels))
+
+
+def client_sentence(levels: pd.DataFrame) -> str:
+    """Says in words whether the load client limited the measurement."""
+    if "client_cpu_pct_max_proc" not in levels or levels["client_cpu_pct_max_proc"].isna().all():
+        return "client health: not recorded for this run."
+    busy = []
+    for _, r in levels.iterrows():
+        cpu = r.get("client_cpu_pct_max_proc")
+        lag = r.get("loop_lag_p99_ms")
+        hot_cpu = _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT
+        hot_lag = _isnum(lag) and lag > CLIENT_LAG_P99_MS
+        if hot_cpu or hot_lag:
+            busy.append(f"c={int(r['concurrency'])}: a core at {fnum(cpu, 0)}% / "
+                        f"loop lag p99 {fnum(lag, 1)} ms")
+    if busy:
+        return ("the client was the bottleneck at " + "; ".join(busy) +
+                " (its numbers at those levels measure the client as much as the server; "
+                "try --client-procs).")
+    cpu_max = levels["client_cpu_pct_max_proc"].max()
+    lag_max = levels["loop_lag_p99_ms"].max() if "loop_lag_p99_ms" in levels else None
+    per_req = levels["client_cpu_ms_per_req"].max() if "client_cpu_ms_per_req" in levels else None
+    return (f"the client kept up at every level (busiest client process: a core at "
+            f"{fnum(cpu_max, 0)}%, loop lag p99 at most {fnum(lag_max, 2)} ms, "
+            f"at most {fnum(per_req, 2)} ms of client CPU per request).")
+
+
+def client_table(levels: pd.DataFrame) -> str:
+    header = ["Conc", "client CPU %", "busiest proc %", "CPU ms/req", "send delay p99 ms",
+              "loop lag p99 ms"]
+    rows = [[str(int(r["concurrency"])), fnum(r.get("client_cpu_pct"), 0),
+             fnum(r.get("client_cpu_pct_max_proc"), 0), fnum(r.get("client_cpu_ms_per_req"), 2),
+             fnum(r.get("send_delay_ms_p99"), 2), fnum(r.get("loop_lag_p99_ms"), 2)]
+            for _, r in levels.iterrows()]
+    return md_table(header, rows)
+
+
+def server_cpu_table(levels: pd.DataFrame) -> str | None:
+    names = [c.split(":", 1)[1] for c in levels.columns if c.startswith("cpu_pct:")]
+    if not names:
+        return None
+    header = ["Conc", *[f"{n} CPU %" for n in names], "server CPU ms/req"]
+    rows = []
+    for _, r in levels.iterrows():
+        rows.append([str(int(r["concurrency"])), *[fnum(r.get(f"cpu_pct:{n}"), 0) for n in names],
+                     fnum(r.get("server_cpu_ms_per_req"), 2)])
+    table = md_table(header, rows)
+    header2 = ["Process", *[f"c={int(c)}" for c in levels["concurrency"]]]
+    rows2 = []
+    for n in names:
+        rows2.append([f"{n} CPU-s / 1k req",
+                      *[fnum(v, 2) for v in levels.get(f"cpu_s_per_1k:{n}", [])]])
+    for n in names:
+        rows2.append([f"{n} peak RSS MB", *[fnum(v, 0) for v in levels.get(f"rss_peak_mb:{n}", [])]])
+    return table + "\n\n" + md_table(header2, rows2)
+
+
+def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Knee,
+                 plots: list[tuple[str, str]], server_cpu_note: str | None = None,
+                 fault_md: str | None = None, compare_md: str | None = None) -> str:
+    """The whole report.md. plots: [(caption, relative path)]."""
+    parts = [f"# {title}", ""]
+    parts += [f"- {s}" for s in setup]
+    parts += ["", "## Results", "", results_table(levels), ""]
+    parts += [f"**{knee.sentence()}**", ""]
+    if knee.steps:
+        effs = ", ".join(
+            f"e({s.to_conc}) = {'inf' if math.isinf(s.efficiency) else f'{s.efficiency:.2f}'}"
+            for s in knee.steps)
+        parts += [f"Marginal efficiency per step (threshold {knee.threshold:g}): {effs}.", ""]
+    parts += [client_sentence(levels), ""]
+    if compare_md:
+        parts += ["## Comparison", "", compare_md, ""]
+    if fault_md:
+        parts += ["## Faults", "", fault_md, ""]
+    parts += ["## Server CPU", ""]
+    table = server_cpu_table(levels)
+    if table:
+        parts += [table, ""]
+    else:
+        parts += [server_cpu_note or "Per-process server CPU is absent for this run.", ""]
+    parts += ["## Client health", "", client_table(levels), ""]
+    if plots:
+        parts += ["## Plots", ""]
+        for caption, rel in plots:
+            parts += [f"### {caption}", "", f"![{caption}]({rel})", ""]
+    return "\n".join(parts).rstrip() + "\n"

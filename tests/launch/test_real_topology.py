@@ -1,0 +1,140 @@
+"""The launcher with the real fleet: `mocker serve`, `lab sidecar`, `lab frontend`."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from launch.events import read_events
+from launch.stack import Stack
+from launch.topology import TopologySpec
+from tests.launch.conftest import alive
+
+REAL = all(importlib.util.find_spec(m) for m in (
+    "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))
+pytestmark = [
+    pytest.mark.skipif(not REAL, reason="the real fleet is not built yet"),
+    pytest.mark.usefixtures("no_leftovers"),
+]
+LAB = str(Path(sys.executable).with_name("lab"))
+FAST = dict(speedup=0, grace_s=8, extra_sidecar_args=["--grace-period", "0.5"],
+            extra_frontend_args=["--shutdown-grace", "0.5"])
+
+
+def real_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("LAB_LAUNCH_MOCKER", None)
+    env.pop("LAB_LAUNCH_LAB", None)
+    return env
+
+
+def complete(url: str, max_tokens: int = 6, stream: bool = False) -> dict | list[str]:
+    body = {"model": "mocker-model", "prompt": "one two three four", "max_tokens": max_tokens,
+            "stream": stream}
+    request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=20) as reply:
+        assert reply.status == 200
+        if stream:
+            return [line for line in reply.read().decode().splitlines() if line.startswith("data:")]
+        return json.loads(reply.read())
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+async def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(predicate):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+async def test_real_aggregated_then_disaggregated(tmp_path: Path) -> None:
+    for index, spec in enumerate([TopologySpec.aggregated(engines=2, **FAST),
+                                  TopologySpec.disaggregated(**FAST)]):
+        async with Stack(spec, tmp_path / f"run{index}") as stack:
+            reply = await asyncio.to_thread(complete, stack.frontend_url)
+            assert reply["usage"]["completion_tokens"] == 6
+            chunks = await asyncio.to_thread(complete, stack.frontend_url, 6, True)
+            assert chunks[-1] == "data: [DONE]"
+            pids = [(v.pid, v.create_time) for v in stack.processes()]
+        assert not any(alive(*p) for p in pids)
+
+
+async def test_real_engine_loss_restarts_sidecar_which_registers_again(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    async with Stack(TopologySpec.disaggregated(**FAST), run_dir) as stack:
+        def sidecar():
+            return {v.name: v for v in stack.processes()}["sidecar-decode-0"]
+
+        first_pid = sidecar().pid
+        await stack.fault("engine-decode-0", "not-serving")
+        await wait_for(lambda: sidecar().restarts == 1)
+        await stack.fault("engine-decode-0", "serving")
+        await wait_for(lambda: sidecar().state == "ready")
+        await wait_for(lambda: healthy(stack.frontend_url))
+        reply = await asyncio.to_thread(complete, stack.frontend_url)
+        assert reply["usage"]["completion_tokens"] == 6
+        second_pid = sidecar().pid
+    log = (run_dir / "logs" / "sidecar-decode-0.log").read_text()
+    assert "engine lost" in log
+    events = [e for e in read_events(run_dir / "events.jsonl")
+              if e["name"] in ("sidecar-decode-0", "engine-decode-0")]
+    seq = [(e["event"], e["name"], e["pid"], e["code"]) for e in events
+           if e["event"] in ("fault", "withdrawn", "exit", "restart", "registered")]
+    # the worker left discovery while its process was still running, then it exited 1
+    assert seq[:5] == [
+        ("registered", "sidecar-decode-0", first_pid, None),
+        ("fault", "engine-decode-0", seq[1][2], None),
+        ("withdrawn", "sidecar-decode-0", first_pid, None),
+        ("exit", "sidecar-decode-0", first_pid, 1),
+        ("restart", "sidecar-decode-0", first_pid, 1),
+    ], seq
+    assert ("registered", "sidecar-decode-0", second_pid, None) in seq
+
+
+def test_real_detached_run_with_cli_fault(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = real_env()
+
+    def lab(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([LAB, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    up = lab("up", "--detach", "--engines", "1", "--speedup", "0", "--out", str(run_dir))
+    try:
+        assert up.returncode == 0, up.stderr
+        state = json.loads((run_dir / "state.json").read_text())
+        url = state["frontend_url"]
+        assert json.loads(urllib.request.urlopen(url + "/v1/models", timeout=5).read())
+        fault = lab("fault", str(run_dir), "--process", "engine-0", "--kind", "freeze")
+        assert fault.returncode == 0 and "frozen" in fault.stdout, fault.stderr
+        fault = lab("fault", str(run_dir), "--process", "engine-0", "--kind", "unfreeze")
+        assert fault.returncode == 0, fault.stderr
+        assert complete(url)["usage"]["completion_tokens"] == 6
+        ps = lab("ps", str(run_dir))
+        assert "engine-0" in ps.stdout and "ready" in ps.stdout
+    finally:
+        down = lab("down", str(run_dir))
+    assert down.returncode == 0, down.stderr
+    assert not any(alive(p["pid"], p["create_time"]) for p in state["processes"])
+    kinds = [e.get("kind") for e in read_events(run_dir / "events.jsonl")
+             if e["event"] == "fault"]
+    assert kinds == ["freeze", "unfreeze"]
