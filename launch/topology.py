@@ -383,10 +383,9 @@ def _str_list(value: Any) -> bool:
 def _discovery_ok(spec: str) -> bool:
     if spec == "etcd":
         return True
-    for prefix in ("file:", "etcd://"):
-        if spec.startswith(prefix) and len(spec) > len(prefix):
-            return True
-    return False
+    if spec.startswith("file:"):
+        return len(spec) > len("file:")
+    return re.fullmatch(r"etcd://[^/:\s]+:\d{1,5}(/\S*)?", spec) is not None
 
 
 def _check_str(value: Any, key: tuple, loc: _Locator) -> None:

@@ -33,7 +33,9 @@ def _run(coro) -> int:
 def _check_listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise click.BadParameter(f"expected HOST:PORT (PORT 0-65535; 0 = any free port), got {value!r}")
+        raise click.BadParameter(
+            f"expected HOST:PORT (PORT 0-65535; 0 = any free port), got {value!r}"
+        )
     return value
 
 
@@ -213,7 +215,11 @@ def serve(
     help="Run only these parts (repeatable). [default: all]",
 )
 def bench(
-    drift_seconds: float, concurrency: int, tokens: int, stream_seconds: float, only: tuple[str, ...]
+    drift_seconds: float,
+    concurrency: int,
+    tokens: int,
+    stream_seconds: float,
+    only: tuple[str, ...],
 ) -> None:
     """Print pass cost, simulated-time drift and gRPC streaming throughput on this machine."""
     from mocker.bench import run_bench

@@ -88,7 +88,8 @@ class FaultAnalysis:
             elif o.worker:
                 sentence.append("it did not register again within the run;")
             n_failed = sum(o.failed.values())
-            sentence.append(f"{n_failed} requests failed after the fault ({format_errors(o.failed)})")
+            sentence.append(
+                f"{n_failed} requests failed after the fault ({format_errors(o.failed)})")
             if o.failed_other_worker == 0:
                 sentence.append(f"and none on another worker ({o.ok_other_worker_during} requests "
                                 "on other workers succeeded meanwhile).")

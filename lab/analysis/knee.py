@@ -11,6 +11,7 @@ The knee is the last level before the first step whose efficiency falls below th
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ def find_knee(concurrency: Sequence[int], throughput: Sequence[float],
     levels = sorted(zip(concurrency, throughput, latency, strict=True))
     steps: list[Step] = []
     result = Knee(knee=None, threshold=threshold)
-    for (c0, t0, l0), (c1, t1, l1) in zip(levels, levels[1:], strict=False):
+    for (c0, t0, l0), (c1, t1, l1) in itertools.pairwise(levels):
         step = Step(int(c0), int(c1),
                     t1 / t0 - 1 if t0 else math.inf,
                     l1 / l0 - 1 if l0 else math.inf,
@@ -80,9 +81,12 @@ def knee_sentence(k: Knee) -> str:
     if k.knee is None or k.breaking_step is None:
         last = k.steps[-1]
         worst = min(k.steps, key=lambda s: s.efficiency)
-        eff = "inf" if math.isinf(worst.efficiency) else f"{worst.efficiency:.2f}"
+        if math.isinf(worst.efficiency):
+            return (f"no knee within the sweep: up to {last.to_conc} every step bought "
+                    "throughput without adding latency")
         return (f"no knee within the sweep: every step up to {last.to_conc} kept efficiency "
-                f">= {k.threshold:g} (lowest {eff}, {worst.from_conc} -> {worst.to_conc})")
+                f">= {k.threshold:g} (lowest {worst.efficiency:.2f}, "
+                f"{worst.from_conc} -> {worst.to_conc})")
     s = k.breaking_step
     gain = s.throughput_gain
     verb = "buys" if gain >= 0 else "loses"

@@ -7,7 +7,7 @@
 | request latency | last content chunk - request sent |
 | ITL (per request) | (latency - TTFT) / (output tokens - 1) |
 | inter-chunk gaps | every gap between consecutive content chunks, pooled over requests |
-| output tokens | the server's usage when present, else counted chunks (column output_tokens_source) |
+| output tokens | the server's usage when present, else counted chunks (output_tokens_source) |
 | request throughput | successful requests / measured duration |
 | output token throughput | total output tokens (successful requests) / measured duration |
 | measured duration | last response of the level - first request of the level (warm-up excluded) |
@@ -131,12 +131,15 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
     server's CPU per request (ms, summed over processes)."""
     if procs is None or procs.empty or start is None or end is None:
         return {}
-    win = procs[(procs["t_ns"] >= start) & (procs["t_ns"] <= end)]
-    if win.empty:  # a level shorter than the sampling interval: the first sample after it
-        after = procs[procs["t_ns"] > end]
-        if after.empty:
-            return {}
-        win = after[after["t_ns"] == after["t_ns"].min()]
+    # a sample's cpu_pct covers the interval since the previous sample of that process, so the
+    # samples that overlap the window are those in (start, end + one interval]
+    times = np.sort(procs["t_ns"].unique())
+    interval = int(np.median(np.diff(times))) if len(times) > 1 else 0
+    per_name = procs.groupby("name")["t_ns"].transform(lambda t: t.diff().median())
+    step = per_name.fillna(interval).astype("int64")
+    win = procs[(procs["t_ns"] > start) & (procs["t_ns"] <= end + step)]
+    if win.empty:
+        return {}
     out: dict[str, Any] = {}
     total_cpu_s = 0.0
     for name, g in win.groupby("name", sort=True):

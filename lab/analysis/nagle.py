@@ -345,6 +345,9 @@ def arm_results(
 
 
 def _pctw(share: float) -> str:
+    """A share in percent; small non-zero shares keep a decimal (1 of 200 is 0.5%, not 0%)."""
+    if 0 < share < 0.01:
+        return f"{100 * share:.1f}%"
     return f"{100 * share:.0f}%"
 
 
@@ -362,8 +365,10 @@ def describe(stats: StallStats) -> str:
     )
 
 
-def _timer_clause(stats: StallStats, facts: KernelFacts | None) -> str:
-    k = near_timer(stats.cluster_excess_ms)
+def _timer_clause(
+    stats: StallStats, facts: KernelFacts | None, excess_ms: float | None = None
+) -> str:
+    k = near_timer(stats.cluster_excess_ms if excess_ms is None else excess_ms)
     kernel = f"; {facts.sentence()}" if facts else ""
     if k == 1:
         return f"the delayed-ACK timer{kernel}"
@@ -399,27 +404,39 @@ def launched_verdict(
         )
     many_clause = ""
     sm = s_arm.at(many) if (many is not None and s_arm) else None
+    cm = c_arm.at(many) if (many is not None and c_arm) else None
     if sm is not None and not sm.too_few:
-        many_clause = (
-            f"; at concurrency {many} the cluster falls to {_pctw(sm.cluster_share)}"
-            if sm.cluster_share < s1.cluster_share
-            else f"; at concurrency {many} it stays at {_pctw(sm.cluster_share)}"
-        )
+        verb = "falls to" if sm.cluster_share < s1.cluster_share else "stays at"
+        many_clause = f"; at concurrency {many} the cluster {verb} {_pctw(sm.cluster_share)}"
+        if cm is not None and not cm.too_few:
+            many_clause += f" (control: {_pctw(cm.cluster_share)}"
+            if cm.cluster_share >= ABSENT_SHARE and (
+                sm.cluster_share <= cm.cluster_share + ABSENT_SHARE
+            ):
+                # at this level both arms queue; the same share in both is not the stall
+                many_clause += (
+                    f"; TTFT p50 {sm.p50_ms:.1f} vs {cm.p50_ms:.1f} ms: no more than the "
+                    "control's, i.e. queueing at this level, the stall itself is gone"
+                )
+            many_clause += ")"
     s_label, c_label = s_arm.label, c_arm.label
+    # the stall's size: how much slower the cluster is than the control's typical request
+    # (the fastest decile would also count the ordinary spread of request times)
+    delta = None if s1.cluster_median_ms is None else s1.cluster_median_ms - c1.p50_ms
     if s1.cluster_share > REPRODUCED_SHARE and c1.cluster_share < ABSENT_SHARE:
         outcome = "reproduced"
         text = (
             f"reproduced: with {s_label}, {_pctw(s1.cluster_share)} of concurrency-{single} "
             f"requests wait in a {s1.cluster_median_ms:.1f} ms cluster "
-            f"({s1.cluster_excess_ms:.1f} ms above the fastest decile: "
-            f"{_timer_clause(s1, facts)}); "
+            f"({delta:.1f} ms above the control's median: "
+            f"{_timer_clause(s1, facts, delta)}); "
             f"with {c_label}, {_pctw(c1.cluster_share)}{many_clause}"
         )
     elif s1.cluster_share >= ABSENT_SHARE:
         outcome = "partly reproduced"
         text = (
             f"partly reproduced: with {s_label}, {describe(s1)} "
-            f"({_timer_clause(s1, facts)}); with {c_label}, {describe(c1)}{many_clause}"
+            f"({_timer_clause(s1, facts, delta)}); with {c_label}, {describe(c1)}{many_clause}"
         )
     else:
         outcome = "not reproduced"
@@ -463,12 +480,28 @@ def external_verdict(
         )
     lines: list[str] = []
     present = r1.has_cluster
+
+    def _st(name: str, conc: int) -> StallStats | None:
+        res = arms.get(name)
+        st = res.at(conc) if res else None
+        return None if st is None or st.too_few else st
+
     if present:
+        # the stall's size: against the fast mode's median (the fresh-connection arm's when it
+        # is stall-free, else the fast requests of this arm), not against the fastest decile
+        f1 = _st(fresh, single)
+        if f1 is not None and not f1.has_cluster:
+            fast_ms, fast_what = f1.p50_ms, "the fresh-connection median"
+        elif r1.fast_median_ms is not None:
+            fast_ms, fast_what = r1.fast_median_ms, "the fast requests' median"
+        else:
+            fast_ms, fast_what = r1.baseline_ms, "the fastest decile"
+        delta = r1.cluster_median_ms - fast_ms
         head = (
             f"stall present: {_pctw(r1.cluster_share)} of single-stream requests on one reused "
             f"connection wait in a {r1.cluster_median_ms:.1f} ms cluster "
-            f"({r1.cluster_excess_ms:.1f} ms above the fastest decile {r1.baseline_ms:.1f} ms; "
-            f"distribution {r1.shape}; {_timer_clause(r1, facts)})"
+            f"({delta:.1f} ms above {fast_what}, {r1.cluster_excess_ms:.1f} ms above the "
+            f"fastest decile; distribution {r1.shape}; {_timer_clause(r1, facts, delta)})"
         )
     else:
         head = (
@@ -479,11 +512,6 @@ def external_verdict(
         )
         if facts:
             head += f" ({facts.sentence()})"
-
-    def _st(name: str, conc: int) -> StallStats | None:
-        res = arms.get(name)
-        st = res.at(conc) if res else None
-        return None if st is None or st.too_few else st
 
     findings: list[str] = []
     m = _st(many_arm, many)

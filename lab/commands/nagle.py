@@ -420,6 +420,7 @@ def write_outputs(
         "threshold_ms": opts.threshold_ms,
         "min_samples": MIN_SAMPLES,
         "requests_per_level": opts.requests,
+        "options": asdict(opts),
         "levels": [SINGLE, opts.many],
         "arms": [a.to_dict() for a in arms],
         "stats": {n: r.to_dict() for n, r in results.items()},
@@ -517,6 +518,10 @@ def _run_dir(out: Path | None) -> Path:
               "nothing is launched and the arms become traffic shapes.")
 @click.option("--model", default=None,
               help=f"Model name. Required with --target. [default: {DEFAULT_MODEL}]")
+@click.option("--reanalyse", "reanalyse_dir", default=None,
+              type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Send nothing: recompute nagle.json, plots and report.md of an earlier "
+              "probe's run directory from its requests.parquet (with --threshold-ms if given).")
 def nagle(
     out: Path | None,
     n_requests: int,
@@ -532,6 +537,7 @@ def nagle(
     timeout_s: float,
     target: str | None,
     model: str | None,
+    reanalyse_dir: Path | None,
 ) -> None:
     """Probe the idle-connection Nagle / delayed-ACK stall and give a verdict with numbers.
 
@@ -542,6 +548,12 @@ def nagle(
     With --target URL --model NAME: nothing is launched; the arms are traffic shapes (one reused
     connection, a fresh connection per request, idle gaps, concurrency --many, non-streaming).
     """
+    if reanalyse_dir is not None:
+        ctx = click.get_current_context()
+        source = ctx.get_parameter_source("threshold_ms")
+        explicit = source == click.core.ParameterSource.COMMANDLINE
+        _finish(*reanalyse(reanalyse_dir, threshold_ms if explicit else None), reanalyse_dir)
+        return
     external = target is not None
     if external and not model:
         raise click.UsageError("--target needs --model NAME (the model the server serves)")
@@ -580,12 +592,44 @@ def nagle(
     else:
         records = uvloop.run(_launched_or_fail(selected, opts, out))
     _, verdict, table = write_outputs(out, records, selected, opts, external=external)
+    _finish(table, verdict, out)
+
+
+def _finish(table: str, verdict: Verdict, out: Path) -> None:
     click.echo(table)
     click.echo("")
     click.echo(verdict.text)
     for line in verdict.lines:
         click.echo(f"  {line}")
     click.echo(f"\nrun directory: {out}")
+
+
+def reanalyse(run: Path, threshold_ms: float | None = None) -> tuple[str, Verdict]:
+    """Recompute the outputs of a probe's run directory from requests.parquet and nagle.json."""
+    import pandas as pd
+
+    try:
+        doc = json.loads((run / "nagle.json").read_text())
+        df = pd.read_parquet(run / "requests.parquet")
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"{run}: not a nagle run directory ({exc})",
+                                 param_hint="--reanalyse") from exc
+    opts = ProbeOptions(**doc.get("options") or {
+        "requests": doc["requests_per_level"], "many": doc["levels"][-1],
+        "threshold_ms": doc["threshold_ms"], "model": doc["model"], "target": doc["target"],
+    })
+    if threshold_ms is not None:
+        opts.threshold_ms = threshold_ms
+    arms = []
+    for a in doc["arms"]:
+        sockets = SocketSettings(**a["sockets"]) if a.get("sockets") else None
+        arms.append(Arm(**{**a, "sockets": sockets, "levels": tuple(a["levels"])}))
+    records = [
+        {**r, "chunk_times_ns": list(r["chunk_times_ns"])} if "chunk_times_ns" in r else r
+        for r in df.to_dict("records")
+    ]
+    _, verdict, table = write_outputs(run, records, arms, opts, external=doc["mode"] == "external")
+    return table, verdict
 
 
 async def _launched_or_fail(arms: list[Arm], opts: ProbeOptions, out: Path) -> list[dict]:

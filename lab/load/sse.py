@@ -23,7 +23,7 @@ class RawResponse:
     sent_ns: int
     status: int | None = None
     times: list[int] = field(default_factory=list)  # arrival ns of each complete SSE event
-    events: list[bytes] = field(default_factory=list)  # the raw event bytes (may hold several lines)
+    events: list[bytes] = field(default_factory=list)  # raw event bytes (may be several lines)
     done_ns: int | None = None  # stream fully read (EOF)
     body: bytes | None = None  # non-200 or non-streaming response body
     error_kind: str | None = None
@@ -68,9 +68,8 @@ def _absorb(obj: dict, out: dict) -> bool:
     err = obj.get("error")
     if err:
         out["error_kind"] = "stream_error"
-        out["error_message"] = (
-            error_message_from_body(orjson.dumps({"error": err})) if isinstance(err, dict) else str(err)
-        )
+        out["error_message"] = (error_message_from_body(orjson.dumps({"error": err}))
+                                if isinstance(err, dict) else str(err))
     has_content = False
     for choice in obj.get("choices") or ():
         if _content(choice):

@@ -123,22 +123,18 @@ class SweepRunner:
         plan = self.plan
         warmup = plan.warmup_for(concurrency)
         seed = level_seed(concurrency, repeat)
-        if plan.duration_s is None:
-            bodies = RequestSet(plan.workload, self.model, seed,
-                                warmup + plan.requests_for(concurrency))
-            options = plan.client
-        else:
-            bodies = RequestSet(plan.workload, self.model, seed, TIMED_LEVEL_MAX_REQUESTS)
-            options = plan.client
-        options = replace(options, request_id_prefix=f"c{concurrency}-r{repeat}-")
+        # a timed level draws from an effectively endless lazy set; its first `warmup`
+        # requests are the warm-up, as in a counted level
+        n = (warmup + plan.requests_for(concurrency) if plan.duration_s is None
+             else TIMED_LEVEL_MAX_REQUESTS)
+        bodies = RequestSet(plan.workload, self.model, seed, n)
+        options = replace(plan.client, duration_s=plan.duration_s,
+                          request_id_prefix=f"c{concurrency}-r{repeat}-")
         label = f"c={concurrency}" + (f" (repeat {repeat + 1}/{plan.repeat})"
                                       if plan.repeat > 1 else "")
         self.progress.start(label)
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
-        if plan.duration_s is not None and warmup:
-            # a timed level: the warm-up requests are the first `warmup` of the level
-            pass
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
                                  progress=self.progress.update)
         self._save(concurrency, repeat, result)

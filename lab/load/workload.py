@@ -8,8 +8,9 @@ word; `<token:N>` is token N), so the frontend sees exactly `isl` prompt tokens:
   word is one token under the default tokenizer and the ids are the same as the token-id form).
 
 Output length is pinned with ``max_tokens = min_tokens = osl`` and ``ignore_eos``. Lengths may
-vary (normal distribution, clipped to >= 1) with ``isl_stddev`` / ``osl_stddev``. A shared prefix of
-``shared_prefix`` tokens (the same for every request of a run with this seed) gives prefix-cache hits.
+vary (normal distribution, clipped to >= 1) with ``isl_stddev`` / ``osl_stddev``. A shared
+prefix of ``shared_prefix`` tokens (the same for every request of a run with this seed) gives
+prefix-cache hits.
 
 Everything is deterministic for (spec.seed, level_seed, index): the same sweep sends the same bytes.
 """
@@ -51,7 +52,8 @@ class WorkloadSpec:
         if self.shared_prefix < 0:
             raise ValueError(f"shared_prefix must be >= 0 (got {self.shared_prefix})")
         if self.prompt_kind not in PROMPT_KINDS:
-            raise ValueError(f"prompt_kind must be one of {PROMPT_KINDS} (got {self.prompt_kind!r})")
+            raise ValueError(
+                f"prompt_kind must be one of {PROMPT_KINDS} (got {self.prompt_kind!r})")
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {ENDPOINTS} (got {self.endpoint!r})")
 
@@ -74,7 +76,8 @@ def _shared_prefix_ids(spec: WorkloadSpec) -> list[int]:
     return [rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(spec.shared_prefix)]
 
 
-def prompt_ids(spec: WorkloadSpec, level_seed: int, index: int, prefix: list[int] | None = None) -> list[int]:
+def prompt_ids(spec: WorkloadSpec, level_seed: int, index: int,
+               prefix: list[int] | None = None) -> list[int]:
     """The prompt token ids of request `index` (length isl, or drawn around it)."""
     rng = random.Random(f"req/{spec.seed}/{level_seed}/{index}")
     isl = _length(rng, spec.isl, spec.isl_stddev)

@@ -85,7 +85,9 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
     per_level = (f"{sweep['duration_s']:g} s" if sweep.get("duration_s")
                  else f"{sweep.get('requests')} requests")
     if sweep:
-        lines.append(f"per level: {per_level} + {sweep.get('warmup', 0)} warm-up, "
+        warm = sweep.get("warmup")
+        warm_txt = "one per slot (= the concurrency)" if warm is None else str(warm)
+        lines.append(f"per level: {per_level} + warm-up {warm_txt}, "
                      f"repeat {sweep.get('repeat', 1)}, client processes "
                      f"{sweep.get('client_procs', 1)}")
     n_total = len(requests)

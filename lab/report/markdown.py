@@ -1,5 +1,5 @@
 """report.md and the terminal table: the results table of measurement.md, the knee sentence,
-the client-health sentence, per-process CPU, plots, and a fault section when faults were injected."""
+the client-health sentence, per-process CPU, plots, and a fault section when there were faults."""
 
 from __future__ import annotations
 
@@ -58,22 +58,32 @@ def results_table(levels: pd.DataFrame) -> str:
 
 
 def client_sentence(levels: pd.DataFrame) -> str:
-    """Says in words whether the load client limited the measurement."""
+    """Says in words whether the load client limited the measurement: a client process near a
+    full core is the bottleneck; a lagging event loop with an idle client means the machine was
+    short of CPU (the client's timestamps then carry that delay)."""
     if "client_cpu_pct_max_proc" not in levels or levels["client_cpu_pct_max_proc"].isna().all():
         return "client health: not recorded for this run."
-    busy = []
+    busy, lagging = [], []
     for _, r in levels.iterrows():
         cpu = r.get("client_cpu_pct_max_proc")
         lag = r.get("loop_lag_p99_ms")
-        hot_cpu = _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT
-        hot_lag = _isnum(lag) and lag > CLIENT_LAG_P99_MS
-        if hot_cpu or hot_lag:
-            busy.append(f"c={int(r['concurrency'])}: a core at {fnum(cpu, 0)}% / "
-                        f"loop lag p99 {fnum(lag, 1)} ms")
+        figures = (f"c={int(r['concurrency'])}: a core at {fnum(cpu, 0)}% / "
+                   f"loop lag p99 {fnum(lag, 1)} ms")
+        if _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT:
+            busy.append(figures)
+        elif _isnum(lag) and lag > CLIENT_LAG_P99_MS:
+            lagging.append(figures)
+    out = []
     if busy:
-        return ("the client was the bottleneck at " + "; ".join(busy) +
-                " (its numbers at those levels measure the client as much as the server; "
-                "try --client-procs).")
+        out.append("the client was the bottleneck at " + "; ".join(busy) +
+                   " (those levels measure the client as much as the server; "
+                   "try --client-procs).")
+    if lagging:
+        out.append("the client's event loop lagged at " + "; ".join(lagging) +
+                   " while the client itself was not busy: the machine was short of CPU, so "
+                   "timestamps at those levels carry up to that much delay.")
+    if out:
+        return " ".join(out)
     cpu_max = levels["client_cpu_pct_max_proc"].max()
     lag_max = levels["loop_lag_p99_ms"].max() if "loop_lag_p99_ms" in levels else None
     per_req = levels["client_cpu_ms_per_req"].max() if "client_cpu_ms_per_req" in levels else None
@@ -108,7 +118,8 @@ def server_cpu_table(levels: pd.DataFrame) -> str | None:
         rows2.append([f"{n} CPU-s / 1k req",
                       *[fnum(v, 2) for v in levels.get(f"cpu_s_per_1k:{n}", [])]])
     for n in names:
-        rows2.append([f"{n} peak RSS MB", *[fnum(v, 0) for v in levels.get(f"rss_peak_mb:{n}", [])]])
+        rows2.append([f"{n} peak RSS MB",
+                      *[fnum(v, 0) for v in levels.get(f"rss_peak_mb:{n}", [])]])
     return table + "\n\n" + md_table(header2, rows2)
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-from lab.analysis.metrics import chunk_gaps_ms, measured  # noqa: E402
+from lab.analysis.metrics import chunk_gaps_ms, measured
 
 DPI = 110
 

@@ -6,6 +6,7 @@ The caller (mocker.server) owns time: it calls `Scheduler.step(now_ms)` and slee
 
 from .config import EngineArgs, load_engine_args
 from .scheduler import EngineMetrics, EngineRequest, PassResult, Scheduler, Signal
+from .sim import run_until_idle
 from .timing import kv_transfer_ms
 from .tokens import (
     deterministic_token_id,
@@ -25,6 +26,7 @@ __all__ = [
     "deterministic_token_id",
     "kv_transfer_ms",
     "load_engine_args",
+    "run_until_idle",
     "stable_request_uuid",
     "synthetic_logprob",
     "token_deriver",

@@ -16,8 +16,8 @@ Accounting is by block counts; only full prompt blocks have an identity:
 
 from __future__ import annotations
 
+import heapq
 from array import array
-from collections import OrderedDict
 
 from blake3 import blake3
 
@@ -45,8 +45,9 @@ class KvPool:
 
     __slots__ = (
         "_children",
-        "_inactive_inner",
-        "_inactive_leaf",
+        "_clock",
+        "_inactive",
+        "_leaf_heap",
         "_parent",
         "_ref",
         "evictions",
@@ -59,10 +60,13 @@ class KvPool:
         self.private = 0
         self.evictions = 0
         self._ref: dict[bytes, int] = {}  # active cached blocks -> refcount
-        self._inactive_leaf: OrderedDict[bytes, None] = OrderedDict()
-        self._inactive_inner: OrderedDict[bytes, None] = OrderedDict()
+        # inactive cached blocks -> release stamp; insertion order == release order (LRU first)
+        self._inactive: dict[bytes, int] = {}
+        # (stamp, hash) of inactive leaves; stale entries are skipped when popped
+        self._leaf_heap: list[tuple[int, bytes]] = []
+        self._clock = 0
         self._parent: dict[bytes, bytes] = {}  # every cached block (active or inactive)
-        self._children: dict[bytes, int] = {}
+        self._children: dict[bytes, int] = {}  # cached blocks extending it
 
     # ---- counts -------------------------------------------------------------------------
     @property
@@ -71,7 +75,7 @@ class KvPool:
 
     @property
     def inactive(self) -> int:
-        return len(self._inactive_leaf) + len(self._inactive_inner)
+        return len(self._inactive)
 
     @property
     def free(self) -> int:
@@ -106,36 +110,32 @@ class KvPool:
             if n is not None:
                 ref[h] = n + 1
             else:
-                self._unlink_inactive(h)
+                del self._inactive[h]
                 ref[h] = 1
 
     def release(self, hashes: list[bytes]) -> None:
         """Drop one reference on each cached block; the last drop makes it inactive.
 
-        Released in reverse (deepest block first) so LRU order agrees with leaves-first.
+        Released deepest block first, so within a chain the leaf is the least recent.
         """
         ref = self._ref
-        children = self._children
         for h in reversed(hashes):
             n = ref[h] - 1
             if n:
                 ref[h] = n
             else:
                 del ref[h]
-                if children.get(h, 0):
-                    self._inactive_inner[h] = None
-                else:
-                    self._inactive_leaf[h] = None
+                self._deactivate(h)
 
     # ---- private blocks -----------------------------------------------------------------
     def alloc_private(self, n: int) -> bool:
         """Allocate `n` private blocks, evicting inactive ones if needed; False if no room."""
         if n <= 0:
             return True
-        if n > self.total - self.private - len(self._ref):
+        used = self.private + len(self._ref)
+        if n > self.total - used:
             return False
-        overflow = self.private + len(self._ref) + self.inactive + n - self.total
-        for _ in range(overflow):
+        for _ in range(used + len(self._inactive) + n - self.total):
             self._evict_one()
         self.private += n
         return True
@@ -157,41 +157,65 @@ class KvPool:
             ref[h] = n + 1
             return
         if h in self._parent:
-            self._unlink_inactive(h)
+            del self._inactive[h]
             ref[h] = 1
             return
         ref[h] = 1
         self._parent[h] = parent
         self._children[h] = 0
-        if parent != ROOT_HASH and parent in self._children:
+        if parent in self._children:
             self._children[parent] += 1
-            if parent in self._inactive_leaf:  # cannot happen while a child's owner holds it
-                del self._inactive_leaf[parent]
-                self._inactive_inner[parent] = None
 
     # ---- eviction -----------------------------------------------------------------------
-    def _unlink_inactive(self, h: bytes) -> None:
-        if h in self._inactive_leaf:
-            del self._inactive_leaf[h]
-        else:
-            del self._inactive_inner[h]
+    def _deactivate(self, h: bytes) -> None:
+        self._clock += 1
+        self._inactive[h] = self._clock
+        if not self._children.get(h):
+            self._push_leaf(h, self._clock)
+
+    def _push_leaf(self, h: bytes, stamp: int) -> None:
+        heap = self._leaf_heap
+        heapq.heappush(heap, (stamp, h))
+        if len(heap) > 2 * len(self._inactive) + 1024:  # drop stale entries
+            children = self._children
+            heap[:] = [(st, x) for x, st in self._inactive.items() if not children.get(x)]
+            heapq.heapify(heap)
 
     def _evict_one(self) -> bytes:
-        if self._inactive_leaf:
-            h, _ = self._inactive_leaf.popitem(last=False)
-        else:
-            h, _ = self._inactive_inner.popitem(last=False)
+        """Evict the least recently released inactive leaf; if none, the LRU inactive block."""
+        inactive = self._inactive
+        children = self._children
+        heap = self._leaf_heap
+        h = None
+        while heap:
+            stamp, cand = heapq.heappop(heap)
+            if inactive.get(cand) == stamp and not children.get(cand):
+                h = cand
+                break
+        if h is None:
+            h = next(iter(inactive))
+        del inactive[h]
         self.evictions += 1
         parent = self._parent.pop(h)
-        del self._children[h]
-        if parent in self._children:
-            # max(): a parent evicted earlier (inner fallback) and re-registered restarts at 0
-            left = max(self._children[parent] - 1, 0)
-            self._children[parent] = left
-            if left == 0 and parent in self._inactive_inner:
-                del self._inactive_inner[parent]
-                self._inactive_leaf[parent] = None
+        del children[h]
+        if parent in children:
+            # max(): a parent evicted earlier (fallback) and re-registered restarts at 0
+            left = max(children[parent] - 1, 0)
+            children[parent] = left
+            if left == 0 and parent in inactive:
+                self._push_leaf(parent, inactive[parent])
         return h
+
+    def eviction_order(self) -> list[bytes]:
+        """Hashes in the order they would be evicted (tests; does not modify the pool)."""
+        clone = KvPool(self.total)
+        clone._ref = dict(self._ref)
+        clone._inactive = dict(self._inactive)
+        clone._leaf_heap = list(self._leaf_heap)
+        clone._clock = self._clock
+        clone._parent = dict(self._parent)
+        clone._children = dict(self._children)
+        return [clone._evict_one() for _ in range(len(self._inactive))]
 
     def check(self) -> None:
         """Invariants (tests): counts non-negative and within the pool."""
@@ -199,3 +223,4 @@ class KvPool:
         assert all(n > 0 for n in self._ref.values())
         assert self.active + self.inactive <= self.total, (self.active, self.inactive)
         assert len(self._parent) == len(self._ref) + self.inactive
+        assert not (self._ref.keys() & self._inactive.keys())

@@ -38,7 +38,9 @@ Normalization at `add` (both policies, so a request always fits once alone): a p
 fills the pool (``prompt_len >= num_gpu_blocks * block_size``) or, with chunked prefill off,
 exceeds ``max_num_batched_tokens`` is rejected (``Signal(rejected=True, completed=True,
 token_id=None)`` on the next pass); ``max_output_tokens`` is clamped to
-``capacity_tokens - prompt_len``.
+``capacity_tokens - prompt_len`` (and, for ``vllm`` without chunked prefill, to
+``max_num_batched_tokens - prompt_len + 1`` so a recompute always fits one pass, as vLLM
+requires ``max_num_batched_tokens >= max_model_len`` there).
 
 Handoff (decode leg): ``kv_transferred=True`` admits with the prompt KV present (blocks
 allocated, no prefill compute, unless it was preempted and must recompute); ``first_position``
@@ -230,6 +232,9 @@ class Scheduler:
             self._pending.append(Signal(req.key, None, req.first_position, True))
             return
         max_out = min(req.max_output_tokens, self._capacity - plen)
+        if self._vllm and not self._chunked:
+            # a preempted request recomputes prompt + outputs in one pass: keep that <= budget
+            max_out = min(max_out, self._budget - plen + 1)
         bs = self._bs
         r = _Req(req, max_out, -(-(plen + max_out) // bs))
         if self._caching:
@@ -319,32 +324,28 @@ class Scheduler:
         prefill_tokens = 0
         decode_kv = 0
         n_decode = 0
-        n_batch = 0
         preempted = False
 
-        # 1. running requests first
-        i = 0
-        n_run = len(running)
-        while i < n_run and budget > 0:
-            r = running[i]
+        # 1. running requests first. Preemption only pops requests from the end of
+        # `running` (never ones already visited), so iterating the live list is safe.
+        for r in running:
+            if budget <= 0:
+                break
             computed = r.computed
             seq = r.seq
             need = seq - computed
             if need <= 1 and computed >= r.prompt_len:  # decode step: emit now
                 if seq > r.cap and not self._grow(r, seq):
-                    if self._vllm and not self._make_room(r, seq):
-                        preempted = True
-                        break  # r itself was preempted (it was the newest)
-                    if not self._vllm:
-                        i += 1
+                    if not self._vllm:  # guaranteed_no_evict never gets here
+                        self._alloc_stalls += 1
                         continue
                     preempted = True
-                    n_run = len(running)
+                    if not self._make_room(r, seq):
+                        break  # r itself was the newest: preempted
                 r.computed = seq
                 budget -= need
                 decode_kv += seq
                 n_decode += 1
-                n_batch += 1
                 pos = r.pos
                 r.pos = pos + 1
                 r.seq = seq + 1
@@ -355,7 +356,6 @@ class Scheduler:
                     self._first_signal(r, pos, fin, emit)
                 if fin:
                     done.append(r)
-                i += 1
                 continue
             # prefill (or recompute) chunk
             if need <= budget:
@@ -363,24 +363,21 @@ class Scheduler:
             elif self._chunked:
                 n = budget
             else:
-                i += 1
                 continue
             new = computed + n
             if new > r.cap and not self._grow(r, new):
                 if not self._vllm:
-                    i += 1
+                    self._alloc_stalls += 1
                     continue
                 preempted = True
                 if not self._make_room(r, new):
                     break
-                n_run = len(running)
             r.dec = False
             r.sched = n
             budget -= n
             prefill_tokens += n
-            n_batch += 1
             pending.append(r)
-            i += 1
+        n_batch = n_decode + len(pending)
 
         # 2. then waiting requests, FIFO
         waiting = self._waiting

@@ -68,4 +68,6 @@ class Admin(admin_pb2_grpc.AdminServicer):
         failed = st.fail_executor(request.message)
         log.error("admin: simulated executor failure (%s); %d request(s) failed",
                   st.executor_failure, failed)
-        return admin_pb2.AdminReply(message=f"executor failed; {failed} in-flight request(s) failed")
+        return admin_pb2.AdminReply(
+            message=f"executor failed; {failed} in-flight request(s) failed"
+        )

@@ -24,7 +24,7 @@ from .admin import Admin
 from .config import ServerConfig
 from .control import Control
 from .health import NOT_SERVING, SERVING, HealthServicer
-from .inference import Inference
+from .inference import Inference, add_inference
 from .pb import admin_pb2_grpc, health_pb2_grpc, openengine_pb2_grpc
 from .state import ServerState
 
@@ -57,7 +57,7 @@ class MockerServer:
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        openengine_pb2_grpc.add_InferenceServicer_to_server(Inference(self.state), self.server)
+        add_inference(Inference(self.state), self.server)
         openengine_pb2_grpc.add_ControlServicer_to_server(Control(self.state), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.state), self.server)

@@ -100,7 +100,9 @@ def validate_session(session: kv_pb2.KvSessionRef) -> Handoff:
             f"got {session.transfer_backend!r}"
         )
     if len(session.endpoints) != 1:
-        raise invalid(f"{_FIELD}.endpoints must hold exactly 1 endpoint, got {len(session.endpoints)}")
+        raise invalid(
+            f"{_FIELD}.endpoints must hold exactly 1 endpoint, got {len(session.endpoints)}"
+        )
     ep = session.endpoints[0]
     if ep.protocol != wc.MOCKER_KV_PROTOCOL:
         raise invalid(

@@ -16,18 +16,18 @@ import grpc
 from mocker.engine import EngineRequest, kv_transfer_ms, synthetic_logprob, token_deriver
 
 from .errors import RequestRefused
+from .fastwire import response_prefix, token_event
 from .handoff import stamp_session
 from .inflight import Exit, LiveRequest
 from .pb import error_pb2, generation_pb2, openengine_pb2_grpc
 from .state import ServerState
-from .tokens_out import prompt_output, scored_info, text_of
+from .tokens_out import prompt_output, scored_info
 from .validation import Prepared, prepare
 
 log = logging.getLogger("mocker.server")
 
 GenerateResponse = generation_pb2.GenerateResponse
 TokenOutput = generation_pb2.TokenOutput
-TokenInfo = generation_pb2.TokenInfo
 Usage = generation_pb2.Usage
 EngineError = error_pb2.EngineError
 
@@ -40,6 +40,21 @@ def _claimed_exit(live: LiveRequest) -> Exit:
     if live.stalled:
         return Exit.STALLED
     return Exit.ABORTED
+
+
+def add_inference(servicer: Inference, server: grpc.aio.Server) -> None:
+    """Register Generate with a pass-through response serializer: it yields encoded bytes."""
+    handler = grpc.method_handlers_generic_handler(
+        "openengine.v1.Inference",
+        {
+            "Generate": grpc.unary_stream_rpc_method_handler(
+                servicer.Generate,
+                request_deserializer=generation_pb2.GenerateRequest.FromString,
+                response_serializer=None,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
 
 
 class Inference(openengine_pb2_grpc.InferenceServicer):
@@ -147,7 +162,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             )
         return GenerateResponse(request_id=rid, error=error)
 
-    async def Generate(self, request, context):  # noqa: C901 - the hot path, kept in one frame
+    async def Generate(self, request, context):
         st = self._st
         if st.active >= st.cfg.max_concurrent_requests:
             await context.abort(
@@ -155,6 +170,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             )
         st.active += 1
         live: LiveRequest | None = None
+        released = False
         try:
             try:
                 if st.executor_failure is not None:
@@ -210,7 +226,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             if prep.prompt_logprobs:
                 yield GenerateResponse(
                     request_id=rid, prompt=prompt_output(prep.prompt, prep.prompt_candidates)
-                )
+                ).SerializeToString()
             if handoff is not None:
                 if kv_wait_s > 0.0:
                     await asyncio.sleep(kv_wait_s)
@@ -219,6 +235,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     live.completed = live.done = True
 
             loop = asyncio.get_running_loop()
+            prefix = response_prefix(rid)
             flowing = st.tokens_flowing
             stop_ids = prep.stop_ids
             min_tokens = prep.min_tokens
@@ -244,9 +261,9 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 toks = live.tokens
                 if toks:
                     live.tokens = []
-                    infos = []
+                    out: list = []
                     for t in toks:
-                        if stop_ids and t in stop_ids and streamed + len(infos) >= min_tokens:
+                        if stop_ids and t in stop_ids and streamed + len(out) >= min_tokens:
                             exit_ = Exit.STOPPED
                             stop_token = t
                             break
@@ -256,26 +273,28 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                                 first_lp = lp
                             else:
                                 lp = synthetic_logprob(t)
-                            infos.append(scored_info(t, lp, cands))
+                            out.append(scored_info(t, lp, cands))
                         else:
-                            infos.append(TokenInfo(token_id=t, token=text_of(t)))
+                            out.append(t)
                         if position == 0:
                             first_token = t
                         position += 1
-                    if infos:
-                        text = (
-                            infos[0].token
-                            if len(infos) == 1
-                            else "".join([i.token for i in infos])
-                        )
-                        msg = GenerateResponse(
-                            request_id=rid,
-                            token=TokenOutput(output_index=0, tokens=infos, text=text),
-                        )
+                    if out:
+                        if want_lp:
+                            msg = GenerateResponse(
+                                request_id=rid,
+                                token=TokenOutput(
+                                    output_index=0,
+                                    tokens=out,
+                                    text="".join([i.token for i in out]),
+                                ),
+                            ).SerializeToString()
+                        else:
+                            msg = token_event(prefix, out)
                         live.write_started = loop.time()
                         yield msg
                         live.write_started = 0.0
-                        streamed += len(infos)
+                        streamed += len(out)
                     if exit_ is not None:
                         break
                     if live.claimed:
@@ -292,8 +311,17 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     break
             if exit_ is None or not live.claim():
                 exit_ = _claimed_exit(live)
-            yield self.terminal(exit_, live, prep, streamed, stop_token, first_token, first_lp)
-        finally:
+            final = self.terminal(
+                exit_, live, prep, streamed, stop_token, first_token, first_lp
+            ).SerializeToString()
+            # Free the permit and the request id before the terminal goes out: a client that
+            # sends its next request as soon as it sees the terminal must find them free.
+            released = True
             st.active -= 1
-            if live is not None:
-                st.release(live)
+            st.release(live)
+            yield final
+        finally:
+            if not released:
+                st.active -= 1
+                if live is not None:
+                    st.release(live)

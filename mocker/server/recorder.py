@@ -52,7 +52,9 @@ class RequestRecorder:
         )
 
 
-def list_recorded(channel: grpc.Channel, timeout: float = 10.0) -> list[generation_pb2.GenerateRequest]:
+def list_recorded(
+    channel: grpc.Channel, timeout: float = 10.0
+) -> list[generation_pb2.GenerateRequest]:
     """Client helper (sync channel): the recorded requests, oldest first."""
     call = channel.unary_stream(
         RECORDER_LIST_METHOD,

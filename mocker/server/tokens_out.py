@@ -52,10 +52,7 @@ class Candidates:
         return None
 
     def build(self, selected: int, logprob: float) -> list[generation_pb2.LogProb]:
-        if self.ids:
-            ids = self.ids
-        else:
-            ids = tuple((selected + i) & 0xFFFFFFFF for i in range(self.top_n))
+        ids = self.ids or tuple((selected + i) & 0xFFFFFFFF for i in range(self.top_n))
         return [
             LogProb(token_id=t, logprob=logprob - 0.1 * i, token=text_of(t), rank=i + 1)
             for i, t in enumerate(ids)

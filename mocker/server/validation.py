@@ -65,7 +65,7 @@ def _input(request: generation_pb2.GenerateRequest) -> list[int]:
     kind = request.WhichOneof("input")
     if kind == "prompt":
         raise unimplemented(
-            "text prompts are not simulated by the Mocker server (no tokenizer; send token_ids)"
+            "a text prompt is not simulated by the Mocker server (no tokenizer; send token_ids)"
         )
     if kind is None:
         raise invalid("the request has no input (send token_ids)")

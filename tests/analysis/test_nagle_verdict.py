@@ -149,6 +149,20 @@ def test_launched_verdict_reproduced_names_the_numbers() -> None:
     assert len(v.lines) == 2
 
 
+def test_launched_verdict_calls_equal_shares_at_high_concurrency_queueing() -> None:
+    # on a busy 2-core machine both arms queue at concurrency 32: the same share "above the
+    # fastest decile" in both is not the stall
+    rng = random.Random(16)
+    queued = [rng.uniform(40.0, 400.0) for _ in range(140)] + _fast(60, rng, 45.0)
+    samples = {
+        "control": {1: _fast(200, rng), 32: queued},
+        "suspect": {1: _fast(2, rng) + _stalled(198, rng), 32: list(queued)},
+    }
+    v = launched_verdict(arm_results(samples), facts=FACTS)
+    assert v.outcome == "reproduced"
+    assert "the stall itself is gone" in v.text and "queueing" in v.text
+
+
 def test_launched_verdict_not_reproduced() -> None:
     rng = random.Random(12)
     arms = _launched(_fast(200, rng), _fast(200, rng), _fast(200, rng, 5.0))

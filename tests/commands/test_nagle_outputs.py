@@ -80,6 +80,18 @@ def test_outputs_of_a_reproduced_probe(tmp_path: Path) -> None:
     assert "![TTFT CDF](plots/ttft_cdf.png)" in report
     assert (tmp_path / "plots" / "ttft_hist.png").stat().st_size > 0
 
+    # re-analysis from the run directory alone, with another threshold
+    res = CliRunner().invoke(nagle, ["--reanalyse", str(tmp_path), "--threshold-ms", "60"])
+    assert res.exit_code == 0, res.output
+    assert "not reproduced" in res.output
+    doc = json.loads((tmp_path / "nagle.json").read_text())
+    assert doc["threshold_ms"] == 60 and doc["verdict"]["outcome"] == "not reproduced"
+    res = CliRunner().invoke(nagle, ["--reanalyse", str(tmp_path)])
+    assert res.exit_code == 0 and "not reproduced: with client" in res.output  # 60 ms kept
+    assert json.loads((tmp_path / "nagle.json").read_text())["threshold_ms"] == 60
+    res = CliRunner().invoke(nagle, ["--reanalyse", str(tmp_path), "--threshold-ms", "30"])
+    assert res.exit_code == 0 and "\nreproduced: with client" in res.output
+
 
 def test_bad_options_exit_2_without_a_traceback(tmp_path: Path) -> None:
     runner = CliRunner()

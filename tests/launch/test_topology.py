@@ -70,6 +70,7 @@ def test_engine_args_from_file(tmp_path: Path) -> None:
     (["--engine-args", "/no/such/file.json"], "--engine-args"),
     (["--prefill-engine-args", "{}"], "--prefill-engine-args"),
     (["--discovery", "etcd://x"], "discovery"),
+    (["--discovery", "consul://x:1"], "discovery"),
     (["--restart-engine", "sometimes"], "--restart-engine"),
 ])
 def test_bad_flags_exit_2_naming_the_input(args: list[str], needle: str, tmp_path: Path) -> None:
@@ -154,6 +155,12 @@ def test_lab_up_bad_toml_exit_2(tmp_path: Path) -> None:
     assert "bad.toml:11:" in result.output and "fleet[0].replicas" in result.output
     result = CliRunner().invoke(up, ["--topology", str(path), "--engines", "2"])
     assert result.exit_code == 2 and "--topology" in result.output
+
+
+def test_discovery_specs() -> None:
+    assert parse("--discovery", "etcd://127.0.0.1:2379/lab").discovery == "etcd://127.0.0.1:2379/lab"
+    assert parse("--discovery", "etcd").discovery == "etcd"
+    assert parse("--discovery", "file:/tmp/d").discovery == "file:/tmp/d"
 
 
 def test_mixed_roles_rejected() -> None:

@@ -24,8 +24,9 @@ FAIL_CUT = 9
 
 
 class FakeOpenAI:
-    def __init__(self, *, token_delay_s: float = 0.0, ttft_s: float = 0.0, tokens_per_chunk: int = 1,
-                 model: str = "fake-model", worker: str = "fake-worker") -> None:
+    def __init__(self, *, token_delay_s: float = 0.0, ttft_s: float = 0.0,
+                 tokens_per_chunk: int = 1, model: str = "fake-model",
+                 worker: str = "fake-worker") -> None:
         self.token_delay_s = token_delay_s
         self.ttft_s = ttft_s
         self.tokens_per_chunk = tokens_per_chunk
@@ -34,21 +35,26 @@ class FakeOpenAI:
         self.in_flight = 0
         self.peak = 0
         self.served = 0
+        self.peers: set = set()  # client (host, port) of every request: counts connections
         self.app = web.Application()
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_get("/v1/models", self.models)
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        models = [{"id": self.model, "object": "model"}]
+        return web.json_response({"object": "list", "data": models})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
+        if request.transport is not None:
+            self.peers.add(request.transport.get_extra_info("peername"))
         prompt = body["prompt"]
         first = prompt[0] if isinstance(prompt, list) else None
         n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
         if body.get("model") != self.model:
             return web.json_response(
-                {"error": {"message": f"model {body.get('model')!r} not found", "type": "not_found"}},
+                {"error": {"message": f"model {body.get('model')!r} not found",
+                           "type": "not_found"}},
                 status=404)
         if first == FAIL_HTTP:
             return web.json_response(
@@ -82,13 +88,14 @@ class FakeOpenAI:
                     return resp
                 sent += k
                 last = sent >= n
-                extra = ({"nvext": {"worker_id": {"prefill_worker_id": None,
-                                                  "decode_worker_id": self.worker}}} if last else {})
+                wid = {"prefill_worker_id": None, "decode_worker_id": self.worker}
+                extra = {"nvext": {"worker_id": wid}} if last else {}
                 await resp.write(chunk(" ".join(f"<token:{1000 + j}>" for j in range(k)) + " ",
                                        "length" if last else None, **extra))
                 if self.token_delay_s and not last:
                     await asyncio.sleep(self.token_delay_s)
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n,
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": n,
+                     "total_tokens": n_prompt + n,
                      "prompt_tokens_details": {"cached_tokens": 0}}
             await resp.write(b"data: " + orjson.dumps(
                 {"id": rid, "object": "text_completion", "choices": [], "usage": usage}) + b"\n\n")

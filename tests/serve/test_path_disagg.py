@@ -17,11 +17,14 @@ import pytest
 from lab.serve.frontend.protocol import GenRequest
 from lab.serve.frontend.testing import frontend_argv, mocker_argv, sidecar_argv
 from lab.serve.request_plane import FrameType, RequestPlaneClient
+from lab.wire import constants as wc
 from tests.procs import Proc
 from tests.serve.test_path_aggregated import MODEL, stream_completion, wait_healthy
 
 
-def start_disagg(spawn: Callable[..., Proc], tmp_path: Path) -> dict[str, Proc]:
+def start_disagg(
+    spawn: Callable[..., Proc], tmp_path: Path, frontends: bool = True
+) -> dict[str, Proc]:
     disc = str(tmp_path / "disc")
     procs: dict[str, Proc] = {}
     for role in ("prefill", "decode"):
@@ -36,9 +39,14 @@ def start_disagg(spawn: Callable[..., Proc], tmp_path: Path) -> dict[str, Proc]:
             sidecar_argv(engine.address, disc, f"sidecar-{role}-0"),
             ready=False,
         )
-    expect = ("--expect", "prefill=1", "--expect", "decode=1")
-    procs["frontend"] = spawn("frontend", frontend_argv(disc, *expect))
-    procs["strict"] = spawn("frontend-strict", frontend_argv(disc, *expect, "--enforce-disagg"))
+    if frontends:
+        expect = ("--expect", "prefill=1", "--expect", "decode=1")
+        procs["frontend"] = spawn("frontend", frontend_argv(disc, *expect), ready=False)
+        procs["strict"] = spawn(
+            "frontend-strict", frontend_argv(disc, *expect, "--enforce-disagg"), ready=False
+        )
+        procs["frontend"].wait_ready(30)
+        procs["strict"].wait_ready(30)
     for role in ("prefill", "decode"):
         procs[f"sidecar-{role}"].wait_ready(30)
     return procs
@@ -125,7 +133,7 @@ async def _run(client_: RequestPlaneClient, payload: dict[str, Any]) -> tuple[li
 async def test_handoff_json_round_trip_and_mangled_handoffs(
     spawn: Callable[..., Proc], tmp_path: Path
 ) -> None:
-    procs = start_disagg(spawn, tmp_path)
+    procs = start_disagg(spawn, tmp_path, frontends=False)
     prefill = RequestPlaneClient(procs["sidecar-prefill"].address)
     decode = RequestPlaneClient(procs["sidecar-decode"].address)
 
@@ -155,9 +163,18 @@ async def test_handoff_json_round_trip_and_mangled_handoffs(
         assert dend["error"] is None and len(tokens) == 8 and dend["finish"] == "length"
 
         # mangled: a missing key, a wrong session, garbage: each a clear error, nothing hangs
+        def attrs(h: dict, **changes: Any) -> dict:
+            return {**h, "attributes": {**h["attributes"], **changes}}
+
         manglers = {
             "missing session_id": lambda h: {k: v for k, v in h.items() if k != "session_id"},
-            "unknown session": lambda h: {**h, "session_id": h["session_id"] + "-bogus"},
+            "foreign session": lambda h: {**h, "session_id": "12345"},
+            "rounded ttft": lambda h: attrs(
+                h, **{wc.ATTR_TTFT_MS: round(h["attributes"][wc.ATTR_TTFT_MS])}
+            ),
+            "flattened list": lambda h: attrs(
+                h, **{wc.ATTR_FIRST_GEN_TOKENS: h["attributes"][wc.ATTR_FIRST_GEN_TOKENS][0]}
+            ),
             "not an object": lambda h: "garbage",
         }
         for i, (what, mangle) in enumerate(manglers.items()):

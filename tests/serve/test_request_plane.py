@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
+import statistics
 import struct
+import time
 
 import orjson
 import pytest
@@ -455,3 +457,41 @@ async def test_backpressure_merges_chunks_while_the_reader_is_behind() -> None:
         writer.close()
     finally:
         await server.close()
+
+
+async def _median_second_request_ms(settings: SocketSettings, n: int = 7) -> float:
+    async def handler(request: dict, sink: StreamSink) -> None:
+        sink.end(ok_end(0))
+
+    server = await start_server(handler, settings)
+    client = RequestPlaneClient(server.address, settings)
+    try:
+        await collect(await client.open_stream({"pad": "x" * 200}))  # request #1: always fast
+        times = []
+        for _ in range(n):
+            await asyncio.sleep(0.005)
+            started = time.perf_counter()
+            await collect(await client.open_stream({"pad": "x" * 200}))
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times)
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_split_writes_without_client_nodelay_stall_on_a_persistent_connection() -> None:
+    """The behaviour the settings exist for (serving-path.md): header+body writes with Nagle on
+    the client wait for the server's delayed ACK (~40 ms); one coalesced write does not."""
+    base = {"pool_size": 1, "server_nodelay": True}
+    stalled = await _median_second_request_ms(
+        SocketSettings(client_nodelay=False, split_writes=True, **base)
+    )
+    coalesced = await _median_second_request_ms(
+        SocketSettings(client_nodelay=False, split_writes=False, **base)
+    )
+    nodelay = await _median_second_request_ms(
+        SocketSettings(client_nodelay=True, split_writes=True, **base)
+    )
+    assert stalled > 25, (stalled, coalesced, nodelay)
+    assert coalesced < stalled / 3 and nodelay < stalled / 3, (stalled, coalesced, nodelay)

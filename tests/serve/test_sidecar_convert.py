@@ -187,7 +187,7 @@ def test_handoff_unknown_keys_are_tolerated_and_bad_types_named() -> None:
             session_from_json({**handoff_json(), key: bad})
     broken = handoff_json()
     del broken["endpoints"][0]["port"]
-    with pytest.raises(HandoffError, match="endpoints\\[0\\].*'port'"):
+    with pytest.raises(HandoffError, match=r"endpoints\[0\].*'port'"):
         session_from_json(broken)
     with pytest.raises(HandoffError, match="JSON object"):
         session_from_json("mocker-prefill-1")

@@ -190,7 +190,7 @@ async def test_cancel_aborts_the_engine_request(tmp_path: Path, how: str) -> Non
         assert ftype == CHUNK
         if how == "cancel_frame":
             await stream.cancel()
-            tokens, end = await collect(stream)
+            _tokens, end = await collect(stream)
             assert end["finish"] == "cancelled" and end["error"] is None
             assert end["usage"]["completion_tokens"] >= 1
         else:
@@ -304,7 +304,7 @@ async def test_engine_loss_withdraws_cuts_and_exits_1(
     engine.script = slow_forever
     caplog.set_level(logging.INFO)
     async with stack(tmp_path, engine, stale_load_s=0.5, grace_period_s=0.5) as (
-        sidecar,
+        _sidecar,
         task,
         client,
         registry,

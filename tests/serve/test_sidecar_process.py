@@ -56,6 +56,8 @@ def sidecar_argv(engine: str, disc: Path, worker_id: str, *extra: str) -> list[s
         "0.2",
         "--connect-attempt-timeout",
         "5",
+        "--grace-period",
+        "0.2",
         *extra,
     ]
 
@@ -177,7 +179,8 @@ async def test_prefill_handoff_decode_and_mangled_handoff(spawn, tmp_path: Path)
         }
         leg3 = request("d-3", handoff=bad)
         _, bend, _ = await collect(await decode.open_stream(leg3))
-        assert bend["error"] is not None and bend["error"]["status"] in (400, 500), bend
+        assert bend["error"]["kind"] == "invalid_request", bend
+        assert "mocker_ttft_ms" in bend["error"]["message"]
         # A handoff sent to the prefill worker is refused.
         _, pend, _ = await collect(await prefill.open_stream({**leg, "request_id": "d-4"}))
         assert pend["error"]["kind"] == "invalid_request"

@@ -279,10 +279,10 @@ class FrontendApp:
             if not resp.prepared:
                 await resp.prepare(request)
             usage = usage_obj(req, trace) if req.include_usage else None
-            await resp.write(
+            # the last events and the chunked-encoding terminator leave in one write
+            await resp.write_eof(
                 enc.finish(trace.finish or "stop", trace.stop_reason, nvext_obj(req, trace), usage)
             )
-            await resp.write_eof()
         except ApiError as exc:
             trace.end_ns = perf()
             trace.status = exc.status
@@ -291,8 +291,7 @@ class FrontendApp:
             trace.outcome = _outcome(exc.status)
             trace.status = 200
             try:
-                await resp.write(exc.sse_bytes() + DONE)
-                await resp.write_eof()
+                await resp.write_eof(exc.sse_bytes() + DONE)
             except _CLIENT_GONE:
                 trace.outcome = "cancelled"
         except _CLIENT_GONE:

@@ -256,7 +256,10 @@ def mocker_argv(role: str, instance_id: str, speedup: float = 1000.0, *extra: st
     ]
 
 
-def sidecar_argv(engine: str, discovery_dir: str, worker_id: str, *extra: str) -> list[str]:
+def sidecar_argv(
+    engine: str, discovery_dir: str, worker_id: str, *extra: str, grace_s: float = 0.2
+) -> list[str]:
+    """A sidecar with a short SIGTERM grace period (tests stop many processes)."""
     return [
         *LAB_ARGV,
         "sidecar",
@@ -268,6 +271,8 @@ def sidecar_argv(engine: str, discovery_dir: str, worker_id: str, *extra: str) -
         f"file:{discovery_dir}",
         "--worker-id",
         worker_id,
+        "--grace-period",
+        str(grace_s),
         *extra,
     ]
 

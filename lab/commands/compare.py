@@ -1,0 +1,37 @@
+"""`lab compare RUN_A RUN_B [...]`: one table aligned by concurrency with deltas (%) against
+RUN_A, a sentence per run, and overlay plots (into --out, or RUN_A/compare/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where compare.md, compare.csv and the plots go.  [default: RUN_A/compare/]")
+@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
+def compare(runs: tuple[str, ...], out: Path | None, no_plots: bool) -> None:
+    """Compare sweep runs (run directories or run names under results/), the first as baseline."""
+    from lab.analysis.rundir import REQUESTS
+    from lab.report.comparison import compare_runs
+    from launch.errors import RunError
+    from launch.rundir import resolve_run
+
+    if len(runs) < 2:
+        raise click.UsageError("give at least two runs: lab compare RUN_A RUN_B [...]")
+    paths = []
+    for run in runs:
+        try:
+            path = resolve_run(run)
+        except RunError as exc:
+            raise click.BadParameter(str(exc), param_hint=f"'RUN' ({run})") from None
+        if not (path / REQUESTS).exists():
+            raise click.BadParameter(f"{path} has no {REQUESTS}", param_hint=f"'RUN' ({run})")
+        paths.append(path)
+    result = compare_runs(paths, out or paths[0] / "compare", make_plots=not no_plots)
+    click.echo(result.text)
+    click.echo(f"\nwrote {result.out_dir / 'compare.md'}"
+               + (f" and {len(result.plots)} plots" if result.plots else ""))

@@ -1,0 +1,31 @@
+"""Drive a Scheduler on a simulated clock (tests, benches, offline what-ifs).
+
+This is the reference for how a caller should loop: step at `now`, the pass's signals become
+visible at `now + duration_ms`; when nothing is runnable, jump to `next_ready_ms()`.
+"""
+
+from __future__ import annotations
+
+from .scheduler import PassResult, Scheduler, Signal
+
+
+def run_until_idle(
+    sched: Scheduler, start_ms: float = 0.0, *, max_passes: int = 1_000_000
+) -> tuple[float, list[tuple[float, Signal]]]:
+    """Step until no work is left; returns (end time, [(visible_at_ms, signal), ...]).
+
+    Raises RuntimeError if `max_passes` passes did not drain the scheduler.
+    """
+    now = start_ms
+    out: list[tuple[float, Signal]] = []
+    for _ in range(max_passes):
+        if not sched.has_work(now):
+            nxt = sched.next_ready_ms(now)
+            if nxt is None:
+                return now, out
+            now = nxt
+            continue
+        res: PassResult = sched.step(now)
+        now += res.duration_ms
+        out.extend((now, s) for s in res.signals)
+    raise RuntimeError(f"scheduler not idle after {max_passes} passes")

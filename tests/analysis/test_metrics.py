@@ -1,0 +1,118 @@
+"""Metric definitions (measurement.md) on hand-made request records."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from lab.analysis.metrics import (
+    SLOs,
+    by_concurrency,
+    chunk_gaps_ms,
+    describe,
+    level_summary,
+    recompute_request_metrics,
+    summarize_run,
+)
+
+MS = 1_000_000
+
+
+def rec(i: int, sent_ms: float, chunks_ms: list[float], *, conc: int = 2, tokens: int | None = None,
+        ok: bool = True, kind: str | None = None, warmup: bool = False, repeat: int = 0) -> dict:
+    times = [int(t * MS) for t in chunks_ms]
+    n_tok = tokens if tokens is not None else len(times)
+    sent = int(sent_ms * MS)
+    return {
+        "concurrency": conc, "repeat": repeat, "index": i, "warmup": warmup, "ok": ok,
+        "error_kind": kind, "sent_ns": sent, "scheduled_ns": sent, "send_delay_ms": 0.0,
+        "first_ns": times[0] if times else None, "end_ns": times[-1] if times else None,
+        "done_ns": (times[-1] if times else sent) + MS,
+        "chunk_times_ns": times, "chunks": len(times), "output_tokens": n_tok,
+        "output_tokens_source": "usage", "input_tokens": 10, "cached_tokens": 0,
+        "ttft_ms": (times[0] - sent) / MS if times else None,
+        "latency_ms": (times[-1] - sent) / MS if times else None,
+        "ttst_ms": (times[1] - times[0]) / MS if len(times) > 1 else None,
+        "itl_ms": ((times[-1] - times[0]) / MS / (n_tok - 1)) if n_tok > 1 and times else None,
+    }
+
+
+def frame() -> pd.DataFrame:
+    return pd.DataFrame([
+        rec(0, 0, [5, 6, 7], warmup=True),              # warm-up: excluded
+        rec(1, 10, [20, 22, 26]),                      # ttft 10, latency 16, itl 3
+        rec(2, 12, [16, 17, 18, 30], tokens=8),        # ttft 4, latency 18, itl 14/7 = 2
+        rec(3, 14, [], ok=False, kind="http_503"),      # failed, no chunks, done at 15
+        rec(4, 20, [24, 40], ok=False, kind="stream_error"),
+    ])
+
+
+def test_definitions() -> None:
+    row = level_summary(frame())
+    assert row["requests"] == 4 and row["ok"] == 2 and row["failed"] == 2 and row["warmup"] == 1
+    assert row["error_rate"] == 0.5
+    assert row["errors"] == "2 (http_503: 1, stream_error: 1)"
+    # measured duration: first measured request sent (10 ms) -> last response (40 ms)
+    assert row["duration_s"] == pytest.approx(0.030)
+    assert row["req_s"] == pytest.approx(2 / 0.030)
+    assert row["out_tok_s"] == pytest.approx((3 + 8) / 0.030)
+    assert row["ttft_ms_avg"] == pytest.approx(7.0)
+    assert row["ttft_ms_min"] == pytest.approx(4.0) and row["ttft_ms_max"] == pytest.approx(10.0)
+    assert row["latency_ms_avg"] == pytest.approx(17.0)
+    assert row["itl_ms_avg"] == pytest.approx((3 + 2) / 2)
+    assert row["ttst_ms_avg"] == pytest.approx((2 + 1) / 2)
+    assert row["tokens_per_chunk"] == pytest.approx(11 / 7)
+    # gaps pooled over successful requests: 2, 4, 1, 1, 12
+    assert row["gap_ms_max"] == pytest.approx(12.0)
+    assert row["gap_ms_p50"] == pytest.approx(2.0)
+
+
+def test_recompute_matches_client_values() -> None:
+    df = frame()
+    again = recompute_request_metrics(df)
+    ok = df["ok"]
+    for col in ("ttft_ms", "latency_ms", "itl_ms", "ttst_ms"):
+        pd.testing.assert_series_equal(again.loc[ok, col], df.loc[ok, col].astype(float),
+                                       check_names=False)
+
+
+def test_exact_percentiles() -> None:
+    d = describe(range(1, 101))
+    assert d["p50"] == pytest.approx(50.5) and d["p99"] == pytest.approx(99.01)
+    assert d["min"] == 1 and d["max"] == 100 and d["avg"] == pytest.approx(50.5)
+    assert describe([])["p99"] is None
+
+
+def test_gaps_pooled() -> None:
+    df = pd.DataFrame([rec(0, 0, [1, 2, 4]), rec(1, 0, [3, 7])])
+    assert sorted(chunk_gaps_ms(df)) == pytest.approx([1, 2, 4])
+
+
+def test_goodput() -> None:
+    row = level_summary(frame(), slos=SLOs(ttft_ms=5))
+    assert row["goodput_req_s"] == pytest.approx(1 / 0.030)
+
+
+def test_server_cpu_over_the_window() -> None:
+    procs = pd.DataFrame([
+        {"t_ns": t * MS, "name": name, "role": "x", "pid": 1, "cpu_pct": cpu, "rss_bytes": rss}
+        for t, name, cpu, rss in [(0, "engine-0", 999, 1e6), (15, "engine-0", 50, 2e6),
+                                  (30, "engine-0", 70, 3e6), (45, "engine-0", 60, 4e6),
+                                  (90, "engine-0", 999, 9e6)]
+    ])
+    row = level_summary(frame(), procs=procs)
+    # window (10, 40] + one 15 ms sampling interval -> samples at 15, 30, 45
+    assert row["cpu_pct:engine-0"] == pytest.approx(60.0)
+    assert row["rss_peak_mb:engine-0"] == pytest.approx(4.0)
+
+
+def test_levels_and_repeats() -> None:
+    df = pd.concat([frame(), frame().assign(concurrency=4),
+                    frame().assign(repeat=1)], ignore_index=True)
+    levels = summarize_run(df)
+    assert list(zip(levels["concurrency"], levels["repeat"], strict=True)) == [(2, 0), (2, 1),
+                                                                                (4, 0)]
+    table = by_concurrency(levels)
+    assert list(table["concurrency"]) == [2, 4]
+    assert table.loc[0, "repeats"] == 2 and table.loc[0, "failed"] == 4
+    assert table.loc[0, "errors"] == "4 (http_503: 2, stream_error: 2)"

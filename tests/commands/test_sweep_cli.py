@@ -1,0 +1,90 @@
+"""`lab sweep` input validation, and a --target sweep against a fake OpenAI server process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from lab.commands.sweep import parse_conc, parse_faults, sweep
+from tests.procs import Proc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake_url(spawn: Callable[..., Proc]) -> str:
+    proc = spawn("fake-openai", ["python", "-m", "tests.load.fake_openai", "--port", "0"],
+                 env={"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    return f"http://{proc.address}"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(sweep, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--conc", "1,x"], "--conc"),
+    (["--conc", "0,4"], "--conc"),
+    (["--conc", ","], "--conc"),
+    (["--requests", "0"], "--requests"),
+    (["--duration", "-1"], "--duration"),
+    (["--osl", "0"], "--osl"),
+    (["--isl", "-5"], "--isl"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--repeat", "0"], "--repeat"),
+    (["--client-procs", "0"], "--client-procs"),
+    (["--fault", "engine-0"], "--fault"),
+    (["--fault", "engine-0:explode@1s"], "--fault"),
+    (["--fault", "engine-9:kill@1s"], "--fault"),
+    (["--fault", "sidecar-0:freeze@1s"], "--fault"),
+    (["--target", "not a url"], "--target"),
+    (["--target", "http://127.0.0.1:9", "--model", "m"], "--target"),
+    (["--target", "http://127.0.0.1:9", "--disagg"], "--disagg"),
+    (["--requests", "5", "--duration", "5"], "--duration"),
+])
+def test_bad_input_exits_2_naming_it(args: list[str], named: str) -> None:
+    code, out = run(*args)
+    assert code == 2, out
+    assert named in out
+    assert "Traceback" not in out
+
+
+def test_existing_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("")
+    code, out = run("--out", str(tmp_path), "--conc", "1")
+    assert code == 2 and "--out" in out and "not an empty directory" in out
+
+
+def test_model_not_served(fake_url: str, tmp_path: Path) -> None:
+    code, out = run("--target", fake_url, "--model", "nope", "--out", str(tmp_path / "r"))
+    assert code == 2 and "--model" in out and "fake-model" in out
+
+
+def test_parsers() -> None:
+    assert parse_conc("32, 1,1") == [1, 32]
+    (f,) = parse_faults(("engine-decode-0:kill@1500ms",))
+    assert (f.process, f.kind, f.at_s) == ("engine-decode-0", "kill", 1.5)
+
+
+def test_target_sweep_writes_the_run_directory(fake_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, text = run("--target", fake_url, "--conc", "1,3", "--requests", "12", "--warmup", "2",
+                     "--osl", "6", "--isl", "10", "--out", str(out), "--quiet")
+    assert code == 0, text
+    assert "| Conc |" in text and ("no knee" in text or "knee at" in text)
+    for name in ("config.json", "requests.parquet", "levels.csv", "levels.json", "client.json",
+                 "report.md", "plots/throughput.png", "plots/ttft.png"):
+        assert (out / name).exists(), name
+    req = pd.read_parquet(out / "requests.parquet")
+    assert req.groupby("concurrency").size().to_dict() == {1: 14, 3: 14}
+    assert req["ok"].all() and (req["output_tokens"] == 6).all()
+    report = (out / "report.md").read_text()
+    assert "server CPU is absent" in report and "external target" in report
+    levels = pd.read_csv(out / "levels.csv")
+    assert levels["requests"].tolist() == [12, 12] and levels["failed"].tolist() == [0, 0]

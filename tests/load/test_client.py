@@ -1,0 +1,105 @@
+"""The closed-loop client against an in-test fake OpenAI SSE server (real sockets)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from lab.load.client import ClientOptions, Progress, run_level
+from lab.load.workload import WorkloadSpec, build_requests
+from tests.load.fake_openai import FAIL_CUT, FAIL_HTTP, FAIL_STREAM, FakeOpenAI, start
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[tuple[FakeOpenAI, str]]:
+    server = FakeOpenAI(token_delay_s=0.002)
+    runner, url = await start(server)
+    yield server, url
+    await runner.cleanup()
+
+
+def bodies(n: int, osl: int = 8) -> list[dict]:
+    return build_requests(WorkloadSpec(isl=20, osl=osl), "fake-model", n, level_seed=1)
+
+
+async def test_exact_concurrency_and_ordered_timestamps(fake: tuple[FakeOpenAI, str]) -> None:
+    server, url = fake
+    seen: list[Progress] = []
+    res = await run_level(url, bodies(60), 8, warmup=8, progress=seen.append)
+    assert server.peak == 8  # never more than N in flight, and N reached
+    assert len(res.records) == 60 and [r["index"] for r in res.records] == list(range(60))
+    assert sum(r["warmup"] for r in res.records) == 8
+    for r in res.records:
+        assert r["ok"], r
+        assert r["scheduled_ns"] <= r["sent_ns"] <= r["first_ns"] <= r["end_ns"] <= r["done_ns"]
+        times = r["chunk_times_ns"]
+        assert times == sorted(times)
+        # role-only first chunk and usage-only last chunk are not tokens
+        assert r["chunks"] == 8 and r["output_tokens"] == 8
+        assert r["output_tokens_source"] == "usage" and r["input_tokens"] == 20
+        assert r["ttft_ms"] == pytest.approx((r["first_ns"] - r["sent_ns"]) / 1e6)
+        assert r["latency_ms"] == pytest.approx((r["end_ns"] - r["sent_ns"]) / 1e6)
+        assert r["itl_ms"] == pytest.approx((r["latency_ms"] - r["ttft_ms"]) / 7)
+        assert r["finish_reason"] == "length" and r["decode_worker_id"] == "fake-worker"
+        assert r["http_status"] == 200 and r["error_kind"] is None
+    c = res.client
+    assert c["cpu_ms_per_request"] > 0 and c["send_delay_p99_ms"] is not None
+    assert c["loop_lag_p99_ms"] is not None and c["started_ns"] < c["ended_ns"]
+    assert seen and seen[-1].done == 60 and seen[-1].errors == 0
+
+
+async def test_one_in_flight_reuses_one_connection(fake: tuple[FakeOpenAI, str]) -> None:
+    server, url = fake
+    res = await run_level(url, bodies(10), 1)
+    assert server.peak == 1 and len(server.peers) == 1
+    recs = res.records
+    for a, b in zip(recs, recs[1:], strict=False):  # closed loop: next sent after previous done
+        assert b["sent_ns"] >= a["done_ns"]
+
+
+async def test_fresh_connection_per_request(fake: tuple[FakeOpenAI, str]) -> None:
+    server, url = fake
+    await run_level(url, bodies(6), 1, options=ClientOptions(fresh_connection=True))
+    assert len(server.peers) == 6
+
+
+async def test_failed_requests_are_rows(fake: tuple[FakeOpenAI, str]) -> None:
+    server, url = fake
+    reqs = bodies(12)
+    reqs[3]["prompt"][0] = FAIL_HTTP
+    reqs[5]["prompt"][0] = FAIL_STREAM
+    reqs[7]["prompt"][0] = FAIL_CUT
+    res = await run_level(url, reqs, 4)
+    assert len(res.records) == 12
+    kinds = {r["index"]: r["error_kind"] for r in res.records if not r["ok"]}
+    assert kinds == {3: "http_503", 5: "stream_error", 7: "disconnect"}
+    r3 = res.records[3]
+    assert r3["http_status"] == 503 and "no worker" in r3["error_message"]
+    assert "engine died" in res.records[5]["error_message"]
+    assert res.records[5]["chunks"] == 2  # the tokens before the error are still recorded
+
+
+async def test_unreachable_server_gives_connect_errors() -> None:
+    res = await run_level("http://127.0.0.1:9", bodies(3), 2)
+    assert [r["error_kind"] for r in res.records] == ["connect"] * 3
+
+
+async def test_timed_level_stops_claiming(fake: tuple[FakeOpenAI, str]) -> None:
+    from lab.load.workload import RequestSet
+
+    server, url = fake
+    rs = RequestSet(WorkloadSpec(isl=20, osl=4), "fake-model", 1, 10**9)
+    res = await run_level(url, rs, 4, options=ClientOptions(duration_s=0.5))
+    assert 4 <= len(res.records) < 10**6
+    assert res.client["wall_s"] < 5
+
+
+async def test_several_client_processes_merge(fake: tuple[FakeOpenAI, str]) -> None:
+    server, url = fake
+    res = await run_level(url, bodies(40), 6, warmup=2, options=ClientOptions(procs=2))
+    assert server.peak == 6
+    assert sorted(r["index"] for r in res.records) == list(range(40))
+    assert {r["client_proc"] for r in res.records} == {0, 1}
+    assert all(r["ok"] for r in res.records)
+    assert res.client["procs"] == 2

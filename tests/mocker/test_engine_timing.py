@@ -1,0 +1,118 @@
+"""Timing models, speedup division and KV transfer delay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mocker.engine import EngineArgs, EngineRequest, Scheduler, kv_transfer_ms
+from mocker.engine.timing import TimingModel, polynomial_decode_ms, polynomial_prefill_ms
+
+CAP = 16384 * 32  # default KV pool in tokens
+
+
+def test_polynomial_reference_numbers() -> None:
+    assert polynomial_prefill_ms(0) == 0.0
+    assert polynomial_prefill_ms(1) == pytest.approx(16.5166, abs=1e-3)
+    assert polynomial_prefill_ms(1000) == pytest.approx(32.1, abs=0.05)
+    assert polynomial_prefill_ms(8000) == pytest.approx(165.0, abs=0.5)
+    assert polynomial_decode_ms(0.0) == pytest.approx(5.74)
+    assert polynomial_decode_ms(1.0) == pytest.approx(34.01)
+    assert polynomial_decode_ms(3.0) == 1.0  # floored: never collapses onto one timestamp
+
+
+def test_model_uses_active_kv_fraction() -> None:
+    t = TimingModel(EngineArgs())
+    assert t.decode_ms(0) == pytest.approx(5.74)
+    assert t.decode_ms(CAP) == pytest.approx(34.01)
+    assert t.decode_ms(CAP // 2) == pytest.approx(-25.74 / 4 + 54.01 / 2 + 5.74)
+    assert t.decode_ms(3 * CAP) == 1.0
+
+
+def test_speedup_divides_prefill_and_decode() -> None:
+    t = TimingModel(EngineArgs(speedup_ratio=10.0, decode_speedup_ratio=2.0))
+    assert t.prefill_ms(1000) == pytest.approx(polynomial_prefill_ms(1000) / 10)
+    assert t.decode_ms(0) == pytest.approx(5.74 / 20)
+    zero = TimingModel(EngineArgs(speedup_ratio=0.0))
+    assert zero.prefill_ms(1000) == 0.0
+    assert zero.decode_ms(CAP) == 0.0
+
+
+def test_fixed_model() -> None:
+    t = TimingModel(
+        EngineArgs(timing={"type": "fixed", "prefill_ms": 50.0, "decode_ms": 7.0}, speedup_ratio=2)
+    )
+    assert t.prefill_ms(0) == 0.0
+    assert t.prefill_ms(5) == 25.0
+    assert t.decode_ms(123) == 3.5
+
+
+def test_profile_model_interpolates_and_extrapolates(tmp_path: Path) -> None:
+    path = tmp_path / "profile.csv"
+    path.write_text(
+        "# measured\nkind,tokens,ms\nprefill,1000,20\nprefill,3000,60\n"
+        "decode,0,5\ndecode,10000,15\n"
+    )
+    t = TimingModel(EngineArgs(timing={"type": "profile", "path": str(path)}))
+    assert t.prefill_ms(0) == 0.0
+    assert t.prefill_ms(2000) == pytest.approx(40.0)
+    assert t.prefill_ms(5000) == pytest.approx(100.0)  # extrapolated
+    assert t.prefill_ms(100) == pytest.approx(2.0)  # extrapolated down
+    assert t.decode_ms(5000) == pytest.approx(10.0)
+    assert t.decode_ms(20000) == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "msg"),
+    [
+        ("a,b,c\n", "header"),
+        ("kind,tokens,ms\nprefill,1,2\n", "no decode rows"),
+        ("kind,tokens,ms\nprefill,1,2\ndecode,x,3\n", "line 3"),
+        ("kind,tokens,ms\nprefill,1,2\nwarmup,1,3\n", "kind"),
+    ],
+)
+def test_bad_profile_is_a_clear_error(tmp_path: Path, text: str, msg: str) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=msg):
+        TimingModel(EngineArgs(timing={"type": "profile", "path": str(path)}))
+
+
+def test_kv_transfer_delay() -> None:
+    a = EngineArgs()
+    # 1000 tokens x 131072 B at 64 GB/s = 2.048 ms
+    assert kv_transfer_ms(a, 1000) == pytest.approx(2.048)
+    assert kv_transfer_ms(a.with_overrides(speedup_ratio=2.0), 1000) == pytest.approx(1.024)
+    assert kv_transfer_ms(a.with_overrides(kv_transfer_bandwidth=0.0), 1000) == 0.0
+    assert kv_transfer_ms(a.with_overrides(speedup_ratio=0.0), 1000) == 0.0
+
+
+def _first_pass(engine_type: str, prompt_len: int, max_out: int) -> float:
+    s = Scheduler(EngineArgs(engine_type=engine_type, block_size=32))
+    s.add(EngineRequest("r", list(range(prompt_len)), max_out, lambda p: 1000 + p))
+    res = s.step(0.0)
+    assert len(res.signals) == 1 and res.signals[0].position == 0
+    return res.duration_ms
+
+
+def test_first_token_pass_cost_per_policy() -> None:
+    """trtllm charges the first token as a decode step of the prefill pass; vllm samples it
+    from the prefill; a one-token request (prefill role) has zero decode time on both."""
+    pre = polynomial_prefill_ms(1000)
+    dec = polynomial_decode_ms(1000 / CAP)
+    assert _first_pass("trtllm", 1000, 10) == pytest.approx(pre + dec)
+    assert _first_pass("vllm", 1000, 10) == pytest.approx(pre)
+    assert _first_pass("trtllm", 1000, 1) == pytest.approx(pre)
+
+
+def test_pass_duration_sums_prefill_and_decode_of_the_batch() -> None:
+    s = Scheduler(EngineArgs(speedup_ratio=4.0))
+    s.add(EngineRequest("a", list(range(100)), 50, lambda p: 1000))
+    s.step(0.0)
+    s.add(EngineRequest("b", list(range(2000, 2300)), 50, lambda p: 1000))
+    res = s.step(10.0)
+    # a decodes (seq 101), b prefills 300 and (trtllm) decodes its first token (seq 300)
+    want = polynomial_prefill_ms(300) / 4 + polynomial_decode_ms((101 + 300) / CAP) / 4
+    assert res.duration_ms == pytest.approx(want)
+    assert (res.batch_size, res.prefill_tokens, res.decode_requests) == (2, 300, 2)

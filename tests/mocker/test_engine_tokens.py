@@ -1,0 +1,59 @@
+"""Deterministic tokens and UUIDs (mocker-model.md 2.7), pinned and re-derived with blake3."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+from blake3 import blake3
+
+from mocker.engine import deterministic_token_id, stable_request_uuid
+from mocker.engine.tokens import synthetic_logprob, token_deriver, token_text
+
+# pinned from the algorithm (seed 42, request "abc"): a change of derivation must fail here
+PINNED_TOKENS = [29986, 10312, 25088, 15985]
+PINNED_UUID = "330a1074-346e-41c1-a2da-8c6d747dabae"
+
+
+def _direct_token(seed: int, rid: str, pos: int) -> int:
+    d = blake3(struct.pack("<Q", seed) + rid.encode() + struct.pack("<Q", pos)).digest()
+    return 1000 + int.from_bytes(d[:4], "little") % 31000
+
+
+def test_pinned_vector() -> None:
+    assert [deterministic_token_id(42, "abc", p) for p in range(4)] == PINNED_TOKENS
+    assert stable_request_uuid(42, "abc") == PINNED_UUID
+
+
+def test_tokens_match_a_direct_blake3_derivation() -> None:
+    for seed, rid in [(42, "abc"), (0, ""), (7, "req-ü-1"), (2**64 - 1, "x" * 100)]:
+        f = token_deriver(seed, rid)
+        for pos in (0, 1, 2, 31, 1000, 2**40):
+            want = _direct_token(seed, rid, pos)
+            assert deterministic_token_id(seed, rid, pos) == want
+            assert f(pos) == want
+            assert 1000 <= want <= 31999
+
+
+def test_uuid_matches_a_direct_derivation_with_v4_bits() -> None:
+    raw = bytearray(blake3(struct.pack("<Q", 42) + b"abc").digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    u = uuid.UUID(stable_request_uuid(42, "abc"))
+    assert u.bytes == bytes(raw)
+    assert u.version == 4
+    assert u.variant == uuid.RFC_4122
+
+
+def test_same_seed_and_id_give_same_tokens_others_differ() -> None:
+    a = [deterministic_token_id(42, "r1", p) for p in range(32)]
+    assert a == [deterministic_token_id(42, "r1", p) for p in range(32)]
+    assert a != [deterministic_token_id(43, "r1", p) for p in range(32)]
+    assert a != [deterministic_token_id(42, "r2", p) for p in range(32)]
+    assert stable_request_uuid(42, "r1") != stable_request_uuid(42, "r2")
+
+
+def test_synthetic_logprob_and_text() -> None:
+    assert synthetic_logprob(1000) == -0.1
+    assert abs(synthetic_logprob(13659) - (-1.0)) < 1e-12
+    assert token_text(1234) == "<token:1234>"
