@@ -51,6 +51,12 @@ class RegistryWatch:
                 self.events.emit("withdrawn", worker, pid)
         self.known = now
 
+    def on_event(self, event: dict[str, Any]) -> None:
+        """A sidecar the supervisor found registered: record it now, before anyone can act on
+        its readiness (a fault right after start-up must not beat the next poll)."""
+        if event["event"] == "ready" and event["name"].startswith("sidecar-"):
+            self.scan()
+
     async def run(self) -> None:
         """Scan until cancelled."""
         while True:

@@ -117,6 +117,7 @@ class Stack:
             self._side_tasks.append(self._tg.create_task(self._guard("sampler", self.sampler.run)))
             if directory is not None:
                 self._registry_watch = RegistryWatch(directory, self.events)
+                self.events.listeners.append(self._registry_watch.on_event)
                 self._registry_task = self._tg.create_task(
                     self._guard("registry-watch", self._registry_watch.run))
             await self.supervisor.start(self._tg)

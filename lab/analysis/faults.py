@@ -6,12 +6,23 @@ and whether any request on another worker failed.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from lab.analysis.metrics import format_errors
+
+
+_WORKER_IN_MESSAGE = re.compile(r"\(worker ([A-Za-z0-9_.:-]+)\)")
+
+
+def request_workers(requests: pd.DataFrame) -> pd.Series:
+    """The worker a request ran on: its decode worker id, else the one its error names
+    (the frontend's errors end with "(worker <id>)"), else None."""
+    named = requests["error_message"].astype("string").str.extract(_WORKER_IN_MESSAGE)[0]
+    return requests["decode_worker_id"].astype("string").fillna(named)
 
 
 def worker_of(process: str) -> str | None:
@@ -37,6 +48,7 @@ class FaultOutcome:
     registered_ns: int | None = None
     failed: dict[str, int] = field(default_factory=dict)
     failed_other_worker: int = 0
+    failed_unattributed: int = 0
     ok_other_worker_during: int = 0
     failed_before: int = 0
 
@@ -88,8 +100,11 @@ class FaultAnalysis:
             elif o.worker:
                 sentence.append("it did not register again within the run;")
             n_failed = sum(o.failed.values())
-            sentence.append(
-                f"{n_failed} requests failed after the fault ({format_errors(o.failed)})")
+            kinds = format_errors(o.failed)
+            kinds = kinds[kinds.index("(") + 1:-1] if "(" in kinds else "none"
+            sentence.append(f"{n_failed} requests failed after the fault ({kinds})")
+            if o.failed_unattributed:
+                sentence.append(f"({o.failed_unattributed} of them name no worker)")
             if o.failed_other_worker == 0:
                 sentence.append(f"and none on another worker ({o.ok_other_worker_during} requests "
                                 "on other workers succeeded meanwhile).")
@@ -135,13 +150,14 @@ def analyse_faults(requests: pd.DataFrame, events: list[dict]) -> FaultAnalysis:
         hit = requests[after & failed_mask]
         o.failed = dict(Counter(str(k) for k in hit["error_kind"]).most_common())
         if worker:
-            other = requests["decode_worker_id"].notna() & (requests["decode_worker_id"] != worker)
-            other_prefill = (requests["prefill_worker_id"].notna()
-                             & (requests["prefill_worker_id"] != worker))
-            on_other = other & (other_prefill | requests["prefill_worker_id"].isna())
+            ran_on = request_workers(requests)
+            on_other = ran_on.notna() & (ran_on != worker)
+            prefill = requests["prefill_worker_id"].astype("string")
+            on_other &= prefill.isna() | (prefill != worker)
             end = o.registered_ns or (nxt if nxt is not None else int(done.max()))
             during = (done >= t) & (done <= end)
             o.failed_other_worker = int((after & failed_mask & on_other).sum())
+            o.failed_unattributed = int((after & failed_mask & ran_on.isna()).sum())
             o.ok_other_worker_during = int((during & ~failed_mask & on_other).sum())
         o.failed_before = int(((done < t) & failed_mask).sum())
         outcomes.append(o)

@@ -13,7 +13,10 @@ N tokens, which is what a load lab wants:
   rejected by the frontend (400 naming `stop`).
 
 `HFTokenizer` loads a HuggingFace `tokenizer.json` with the optional `tokenizers` package
-(imported only when used). Its stop strings map when they encode to exactly one token.
+(imported only when used). Its stop strings map when they encode to exactly one token. A stream
+decodes each chunk on its own, so a tokenizer whose decoder joins pieces across tokens (byte-level
+BPE splitting a character over two chunks) may render a chunk boundary differently from a
+one-shot decode; non-streaming responses decode all tokens at once.
 """
 
 from __future__ import annotations

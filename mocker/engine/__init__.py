@@ -1,7 +1,12 @@
 """mocker.engine: the pure simulation of an LLM engine (no I/O, no clocks, no asyncio).
 
-The caller (mocker.server) owns time: it calls `Scheduler.step(now_ms)` and sleeps
-`PassResult.duration_ms` (against absolute deadlines) before delivering the pass's signals.
+The caller owns time. Loop (see `sim.run_until_idle` for the simulated-clock version):
+step at `now`; the pass's signals become visible at the absolute deadline
+`now + duration_ms`, which is also the next pass's `now`; when `has_work()` is false or a pass
+did nothing (batch 0, no signals), wake at `next_ready_ms()` or on a new request.
+
+Pass `token_at=token_deriver(seed, request_id)` (one BLAKE3 per token, prefix pre-absorbed):
+it is the fastest form of `deterministic_token_id` and the hot path calls it once per token.
 """
 
 from .config import EngineArgs, load_engine_args

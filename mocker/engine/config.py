@@ -38,7 +38,7 @@ class EngineArgs:
 
     engine_type: str = DEFAULT_ENGINE_TYPE
     num_gpu_blocks: int = DEFAULT_NUM_GPU_BLOCKS
-    block_size: int = DEFAULT_BLOCK_SIZE[DEFAULT_ENGINE_TYPE]
+    block_size: int = 0  # 0 = the engine type's default (trtllm 32, vllm 64), as the reference
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     enable_prefix_caching: bool = True
@@ -50,13 +50,15 @@ class EngineArgs:
     timing: dict[str, Any] = field(default_factory=_default_timing)
 
     def __post_init__(self) -> None:
+        if self.block_size == 0 and self.engine_type in DEFAULT_BLOCK_SIZE:
+            object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.engine_type])
         _validate(self)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> EngineArgs:
         """Build from a flat JSON object; unknown keys raise ValueError naming the key.
 
-        `block_size` defaults per engine type (trtllm 32, vllm 64) when not given.
+        `block_size` defaults per engine type (trtllm 32, vllm 64) when not given (or 0).
         """
         if not isinstance(obj, dict):
             raise ValueError(f"engine args must be a JSON object, got {type(obj).__name__}")
@@ -66,11 +68,7 @@ class EngineArgs:
                 raise ValueError(
                     f"unknown engine arg {key!r} (known: {', '.join(sorted(known))})"
                 )
-        kwargs = dict(obj)
-        engine_type = kwargs.get("engine_type", DEFAULT_ENGINE_TYPE)
-        if "block_size" not in kwargs and engine_type in DEFAULT_BLOCK_SIZE:
-            kwargs["block_size"] = DEFAULT_BLOCK_SIZE[engine_type]
-        return cls(**kwargs)
+        return cls(**obj)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -16,6 +16,7 @@ from blake3 import blake3
 TOKEN_ID_BASE = 1000
 TOKEN_ID_SPAN = 31000
 _U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
 
 
 def _prefix(seed: int, request_id: str) -> bytes:
@@ -40,13 +41,14 @@ def deterministic_token_id(seed: int, request_id: str, position: int) -> int:
 def token_deriver(seed: int, request_id: str) -> Callable[[int], int]:
     """A `position -> token id` function equal to `deterministic_token_id(seed, request_id, .)`,
     with the seed/request-id prefix absorbed into the hasher once."""
-    base = blake3(_prefix(seed, request_id))
+    copy = blake3(_prefix(seed, request_id)).copy
     pack = _U64.pack
+    unpack = _U32.unpack
 
     def token_at(position: int) -> int:
-        h = base.copy()
+        h = copy()
         h.update(pack(position))
-        return TOKEN_ID_BASE + int.from_bytes(h.digest(4), "little") % TOKEN_ID_SPAN
+        return TOKEN_ID_BASE + unpack(h.digest(4))[0] % TOKEN_ID_SPAN
 
     return token_at
 

@@ -32,6 +32,9 @@ Usage = generation_pb2.Usage
 EngineError = error_pb2.EngineError
 
 CAPACITY_MESSAGE = "request exceeds the simulated KV-cache capacity"
+#: Coalescing cap: keeps a far-behind client's events well under gRPC's 4 MiB message limit
+#: (256 tokens with 20 candidates each is ~200 KB).
+MAX_TOKENS_PER_EVENT = 256
 
 
 def _claimed_exit(live: LiveRequest) -> Exit:
@@ -260,7 +263,11 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     continue
                 toks = live.tokens
                 if toks:
-                    live.tokens = []
+                    if len(toks) > MAX_TOKENS_PER_EVENT:
+                        live.tokens = toks[MAX_TOKENS_PER_EVENT:]
+                        toks = toks[:MAX_TOKENS_PER_EVENT]
+                    else:
+                        live.tokens = []
                     out: list = []
                     for t in toks:
                         if stop_ids and t in stop_ids and streamed + len(out) >= min_tokens:

@@ -33,6 +33,9 @@ def test_vllm_block_size_defaults_to_64_unless_given() -> None:
     assert load_engine_args('{"engine_type": "vllm"}').block_size == 64
     assert load_engine_args('{"engine_type": "vllm", "block_size": 16}').block_size == 16
     assert load_engine_args('{"engine_type": "trtllm"}').block_size == 32
+    assert EngineArgs(engine_type="vllm").block_size == 64
+    assert EngineArgs(engine_type="vllm", block_size=0).block_size == 64
+    assert EngineArgs(block_size=0).block_size == 32
 
 
 def test_unknown_key_is_rejected_by_name() -> None:

@@ -70,6 +70,10 @@ def test_random_workloads(
         assert m.running <= seqs
         if engine_type == "trtllm":
             assert m.preemptions == 0 and m.alloc_stalls == 0
+            missing = [r.reserve - r.n_shared - r.private for r in s._running]
+            assert min(missing, default=0) >= 0
+            assert s._outstanding == sum(missing)
+            assert s._outstanding <= m.free_blocks  # the guarantee of guaranteed_no_evict
 
     def step() -> None:
         nonlocal now

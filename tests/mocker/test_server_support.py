@@ -151,14 +151,23 @@ def assert_one_terminal(responses: list[g.GenerateResponse]) -> g.GenerateRespon
 
 
 def handoff_json(session: kv_pb2.KvSessionRef) -> dict:
-    """KvSessionRef -> the sidecar's JSON handoff dict (through a real JSON codec)."""
+    """KvSessionRef -> the sidecar's JSON handoff {session_id, transfer_backend, endpoints,
+    dp_rank, attributes}, through a real JSON text codec."""
     import json
 
-    return json.loads(json.dumps(json_format.MessageToDict(session, preserving_proto_field_name=True)))
+    d = json_format.MessageToDict(
+        session, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    d[wc.HANDOFF_ATTRIBUTES] = d.pop("attributes_struct", {})
+    return json.loads(json.dumps(d))
 
 
 def session_from_json(obj: dict) -> kv_pb2.KvSessionRef:
-    return json_format.ParseDict(obj, kv_pb2.KvSessionRef())
+    """The decode sidecar's rebuild: the JSON handoff -> KvSessionRef."""
+    d = dict(obj)
+    if wc.HANDOFF_ATTRIBUTES in d:
+        d["attributes_struct"] = d.pop(wc.HANDOFF_ATTRIBUTES)
+    return json_format.ParseDict(d, kv_pb2.KvSessionRef())
 
 
 def attrs(session: kv_pb2.KvSessionRef) -> dict:

@@ -72,17 +72,16 @@ def test_report_rebuilds_from_requests_alone(tmp_path: Path) -> None:
     assert levels["errors"].tolist() == ["1 (http_503: 1)"] * 4
     assert levels["requests"].tolist() == [200] * 4
     assert levels["warmup"].tolist() == [1, 32, 128, 256]
-    assert levels["req_s"].iloc[1] == pytest.approx(533.5, rel=0.1)
+    assert levels["req_s"].iloc[1] == pytest.approx(533.5, rel=0.2)
     md = (run / "report.md").read_text()
     assert "knee at 128" in md
     assert "| Conc | req/s |" in md and "![" in md
     assert "no procs.parquet" in md
-    first = levels.to_dict()
     # rebuilding again gives the same levels: nothing but requests.parquet is read
     (run / "levels.csv").unlink()
     (run / "report.md").unlink()
     assert CliRunner().invoke(report, [str(run), "--no-plots"]).exit_code == 0
-    assert pd.read_csv(run / "levels.csv").to_dict() == first
+    pd.testing.assert_frame_equal(pd.read_csv(run / "levels.csv"), levels)
 
 
 def test_report_bad_run(tmp_path: Path) -> None:
