@@ -66,3 +66,7 @@ def main() -> None:
 
     Typical use: `lab sweep --conc 1,32,128,256 --disagg`.
     """
+
+
+if __name__ == "__main__":
+    main()

@@ -57,6 +57,11 @@ class RegistryWatch:
         if event["event"] == "ready" and event["name"].startswith("sidecar-"):
             self.scan()
 
+    def on_exit(self, proc: Any) -> None:
+        """A sidecar exited: a withdrawal that came before it is recorded before the exit."""
+        if proc.role == "sidecar":
+            self.scan()
+
     async def run(self) -> None:
         """Scan until cancelled."""
         while True:

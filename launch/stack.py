@@ -118,6 +118,7 @@ class Stack:
             if directory is not None:
                 self._registry_watch = RegistryWatch(directory, self.events)
                 self.events.listeners.append(self._registry_watch.on_event)
+                self.supervisor.before_exit_event.append(self._registry_watch.on_exit)
                 self._registry_task = self._tg.create_task(
                     self._guard("registry-watch", self._registry_watch.run))
             await self.supervisor.start(self._tg)

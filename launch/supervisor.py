@@ -71,6 +71,9 @@ class Supervisor:
         self.programs = programs or Programs.default()
         self.on_change = on_change or (lambda: None)
         self.stopping = False
+        # called with a process whose exit was just reaped, before its exit event is written
+        # (the stack records a withdrawal from discovery that preceded the exit)
+        self.before_exit_event: list[Callable[[ManagedProcess], None]] = []
         self._started = False
         self._tg: asyncio.TaskGroup | None = None
         self._restart_tasks: dict[str, asyncio.Task] = {}
@@ -228,6 +231,8 @@ class Supervisor:
                     continue
                 proc.exit_seen = True
                 proc.exit_code = code
+                for hook in self.before_exit_event:
+                    hook(proc)
                 self.events.emit("exit", proc.name, proc.pid, code)
                 self._after_exit(proc, code)
                 self.on_change()
