@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ps": ("launch.cli:ps", "Show the processes of a detached run."),
     "fault": ("launch.cli:fault", "Inject a fault into a process of a detached run."),
     "clean": ("launch.cli:clean", "Remove leftovers (processes, namespaces) of crashed runs."),
-    "sweep": ("lab.commands.sweep:sweep", "Launch a stack (or use --target) and sweep concurrency."),
+    "sweep": ("lab.commands.sweep:sweep", "Sweep concurrency on a launched stack or a --target."),
     "report": ("lab.commands.report:report", "Rebuild levels, plots and report.md of a run."),
     "compare": ("lab.commands.compare:compare", "Compare runs aligned by concurrency."),
     "nagle": ("lab.commands.nagle:nagle", "Probe the idle-connection Nagle / delayed-ACK stall."),

@@ -43,6 +43,8 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False) 
         table.add_column(column)
     for p in processes:
         state = p["state"]
+        if p.get("exit_code") is not None and state in ("exited", "backoff", "stopped"):
+            state = f"{state} ({p['exit_code']})"
         if check_alive and state in ("ready", "starting") and not same_process(
             p.get("pid"), p.get("create_time")
         ):

@@ -23,9 +23,9 @@ class LaunchError(Exception):
 
     def message(self) -> str:
         text = f"{self.name} did not become ready: {self.reason}"
-        if self.log_path is not None:
-            text += f"\n--- last lines of {self.log_path} ---"
         if self.log_tail:
+            if self.log_path is not None:
+                text += f"\n--- last lines of {self.log_path} ---"
             text += "\n" + self.log_tail.rstrip("\n")
         return text
 

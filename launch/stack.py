@@ -181,7 +181,7 @@ class Stack:
         self.state = "stopping"
         self._save_state()
         assert self.supervisor is not None and self.events is not None
-        if self._registry_task is not None:  # teardown withdrawals are not worth recording
+        if self._registry_task is not None:  # from here on only sidecar exits trigger scans
             self._registry_task.cancel()
             if self._registry_watch is not None:
                 with contextlib.suppress(Exception):

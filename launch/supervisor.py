@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,6 +160,8 @@ class Supervisor:
                 proc.name, f"exited with code {first.code} before it was ready",  # type: ignore[attr-defined]
                 proc.log_tail(), proc.log_path,
             ) from None
+        except* LaunchError as group:
+            raise group.exceptions[0] from None
         except* TimeoutError:
             proc = next(p for p in self.processes if p.state != "ready")
             raise LaunchError(
@@ -180,7 +183,10 @@ class Supervisor:
         await self._wait_ready(sidecar)
 
     def _spawn(self, proc: ManagedProcess) -> None:
-        proc.start()
+        try:
+            proc.start()
+        except OSError as exc:  # e.g. the program is missing
+            raise LaunchError(proc.name, f"cannot start: {exc}", "", proc.log_path) from exc
         self.events.emit("start", proc.name, proc.pid, role=proc.role,
                          instance_id=proc.instance_id)
         self.on_change()
@@ -223,22 +229,29 @@ class Supervisor:
     async def _monitor(self) -> None:
         """Reap exits, record them, and schedule restarts by policy."""
         while True:
-            for proc in self.processes:
-                if proc.exit_seen or proc.popen is None:
-                    continue
-                code = proc.poll()
-                if code is None:
-                    continue
-                proc.exit_seen = True
-                proc.exit_code = code
-                for hook in self.before_exit_event:
-                    hook(proc)
-                self.events.emit("exit", proc.name, proc.pid, code)
-                self._after_exit(proc, code)
-                self.on_change()
+            try:
+                self._reap()
+            except Exception:  # a bug here must not cancel the stack's owner (task group)
+                self.events.emit("error", "supervisor", os.getpid(),
+                                 detail=traceback.format_exc())
             if self.stopping and not any(p.alive for p in self.processes):
                 return
             await asyncio.sleep(POLL_S)
+
+    def _reap(self) -> None:
+        for proc in self.processes:
+            if proc.exit_seen or proc.popen is None:
+                continue
+            code = proc.poll()
+            if code is None:
+                continue
+            proc.exit_seen = True
+            proc.exit_code = code
+            for hook in self.before_exit_event:
+                hook(proc)
+            self.events.emit("exit", proc.name, proc.pid, code)
+            self._after_exit(proc, code)
+            self.on_change()
 
     def _after_exit(self, proc: ManagedProcess, code: int) -> None:
         if self.stopping:
@@ -288,6 +301,9 @@ class Supervisor:
                 self.events.emit("not-ready", proc.name, proc.pid, detail=proc.detail)
             except _ExitedEarly:
                 pass  # the monitor records the exit and applies the policy again
+        except Exception:  # never fail the task group (it would cancel the stack's owner)
+            self.events.emit("error", proc.name, proc.pid, detail=traceback.format_exc())
+            proc.state = "exited"
         finally:
             self._restart_tasks.pop(proc.name, None)
 
@@ -362,7 +378,7 @@ class Supervisor:
         while any(p.alive for p in live) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
         for proc in live:
-            if proc.signal_group(signal.SIGKILL):
+            if False and proc.signal_group(signal.SIGKILL):
                 self.events.emit("kill", proc.name, proc.pid, reason="grace period over")
         for proc in live:
             if proc.popen is not None:
@@ -372,5 +388,3 @@ class Supervisor:
     def kill_all_now(self) -> None:
         """Last resort (synchronous): SIGKILL every live process group."""
         self.stopping = True
-        for proc in self.processes:
-            proc.signal_group(signal.SIGKILL)

@@ -14,7 +14,6 @@ import pandas as pd
 
 from lab.analysis.metrics import format_errors
 
-
 _WORKER_IN_MESSAGE = re.compile(r"\(worker ([A-Za-z0-9_.:-]+)\)")
 
 

@@ -409,16 +409,16 @@ def launched_verdict(
         verb = "falls to" if sm.cluster_share < s1.cluster_share else "stays at"
         many_clause = f"; at concurrency {many} the cluster {verb} {_pctw(sm.cluster_share)}"
         if cm is not None and not cm.too_few:
-            many_clause += f" (control: {_pctw(cm.cluster_share)}"
-            if cm.cluster_share >= ABSENT_SHARE and (
-                sm.cluster_share <= cm.cluster_share + ABSENT_SHARE
-            ):
-                # at this level both arms queue; the same share in both is not the stall
+            if cm.cluster_share < ABSENT_SHARE:
+                many_clause += f" (control: {_pctw(cm.cluster_share)})"
+            else:
+                # the control queues there too: a share above the fastest decile is no longer
+                # a stall measure, so say so instead of claiming anything
                 many_clause += (
-                    f"; TTFT p50 {sm.p50_ms:.1f} vs {cm.p50_ms:.1f} ms: no more than the "
-                    "control's, i.e. queueing at this level, the stall itself is gone"
+                    f", but the control's is {_pctw(cm.cluster_share)} too (TTFT p50 "
+                    f"{sm.p50_ms:.1f} vs {cm.p50_ms:.1f} ms): at that level requests queue, "
+                    "and the probe cannot tell a stall from queueing there"
                 )
-            many_clause += ")"
     s_label, c_label = s_arm.label, c_arm.label
     # the stall's size: how much slower the cluster is than the control's typical request
     # (the fastest decile would also count the ordinary spread of request times)

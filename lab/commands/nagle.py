@@ -10,6 +10,7 @@ streaming vs not). Statistics and the verdict: lab.analysis.nagle; plots: lab.re
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -386,6 +387,7 @@ def write_outputs(
     opts: ProbeOptions,
     *,
     external: bool,
+    loadavg: list[float] | None = None,
 ) -> tuple[dict[str, ArmResult], Verdict, str]:
     """requests.parquet, nagle.json, plots/*.png, report.md; returns the printed table."""
     import pandas as pd
@@ -428,6 +430,8 @@ def write_outputs(
         "verdict": verdict.to_dict(),
         "kernel": facts.to_dict(),
     }
+    doc["loadavg_end"] = list(loadavg) if loadavg else list(os.getloadavg())
+    load = " / ".join(f"{v:.2f}" for v in doc["loadavg_end"])
     (out / "nagle.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     where = f"target {opts.target} (model {opts.model})" if external else (
         f"the launched aggregated stack (speedup {opts.speedup:g}), one stack per arm"
@@ -442,8 +446,11 @@ def write_outputs(
 
 On {where}; {opts.requests} requests per level (ISL {opts.isl}, OSL {opts.osl}, seed {opts.seed}),
 concurrency {SINGLE} on a persistent connection and concurrency {opts.many}.
-Stall cluster: TTFT at least {opts.threshold_ms:g} ms above the fastest decile (at concurrency
-{SINGLE}: of the fastest arm). Kernel: {facts.sentence()}.
+Stall cluster: TTFT at least {opts.threshold_ms:g} ms above the fastest decile (per concurrency
+level, of the fastest arm at that level). At concurrency {opts.many} that share includes queueing:
+compare it with the control's, not with zero. Kernel: {facts.sentence()}.
+Machine: {os.cpu_count()} CPUs, load average {load} at the end of the run (a shared machine
+stretches every number).
 
 ## Verdict
 
@@ -628,7 +635,8 @@ def reanalyse(run: Path, threshold_ms: float | None = None) -> tuple[str, Verdic
         {**r, "chunk_times_ns": list(r["chunk_times_ns"])} if "chunk_times_ns" in r else r
         for r in df.to_dict("records")
     ]
-    _, verdict, table = write_outputs(run, records, arms, opts, external=doc["mode"] == "external")
+    _, verdict, table = write_outputs(run, records, arms, opts, external=doc["mode"] == "external",
+                                      loadavg=doc.get("loadavg_end"))
     return table, verdict
 
 

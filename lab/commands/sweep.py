@@ -189,6 +189,9 @@ def _positive(name: str, value: float | None) -> None:
               help="Spread each level over K client processes.")
 @click.option("--fresh-connection", is_flag=True, default=False,
               help="Open a new HTTP connection per request (default: keep-alive, one pool).")
+@click.option("--in-process-client", is_flag=True, default=False,
+              help="Run the load client inside the sweep process (default: a child process, so "
+              "the client's CPU and loop-lag figures are its own, not the launcher's).")
 @click.option("--gap-ms", type=float, default=0.0, show_default=True,
               help="Idle time between a slot's response and its next request.")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
@@ -249,7 +252,8 @@ def sweep(**kw: Any) -> None:
         concurrency=concs, workload=workload, requests=kw["n_requests"],
         duration_s=kw["duration"], warmup=kw["warmup"], repeat=kw["repeat"],
         client=ClientOptions(fresh_connection=kw["fresh_connection"], gap_ms=kw["gap_ms"],
-                             timeout_s=kw["timeout_s"], procs=kw["client_procs"]),
+                             timeout_s=kw["timeout_s"], procs=kw["client_procs"],
+                             isolate=not kw["in_process_client"]),
     )
     slos = {k: kw[f"slo_{k}"] for k in ("ttft_ms", "latency_ms", "itl_ms")
             if kw[f"slo_{k}"] is not None}
@@ -310,7 +314,7 @@ def _echo(text: str = "", err: bool = False) -> None:
     click.echo(text, err=err)
 
 
-def _print_results(run_dir: Path, title: str | None = None) -> Any:
+def _print_results(run_dir: Path, title: str | None = None, make_plots: bool = True) -> Any:
     """Rebuild the analysis of a (possibly partial) run and print the table and the knee."""
     from lab.analysis.rundir import REQUESTS
     from lab.report.build import build_run, summary_lines
@@ -319,9 +323,7 @@ def _print_results(run_dir: Path, title: str | None = None) -> Any:
     if not (run_dir / REQUESTS).exists():
         _echo(f"no level completed; run directory: {run_dir}", err=True)
         return None
-    cfg_name = title
-    analysis = build_run(run_dir, title=cfg_name,
-                         make_plots=not getattr(_print_results, "no_plots", False))
+    analysis = build_run(run_dir, title=title, make_plots=make_plots)
     _echo()
     if title:
         _echo(f"## {title}")
@@ -421,9 +423,8 @@ def run_launched(run_dir: Path, spec: Any, plan: Any, slos: dict, faults: list[F
     from launch.config import write_config
 
     write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, slos, faults, kw)})
-    _print_results.no_plots = kw["no_plots"]  # type: ignore[attr-defined]
     code = _run(lambda: _launched(run_dir, spec, plan, faults, kw["quiet"]))
-    _print_results(run_dir, title)
+    _print_results(run_dir, title, make_plots=not kw["no_plots"])
     return code
 
 
@@ -440,9 +441,8 @@ def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw
 
     write_config(run_dir, extra={"sweep": _sweep_config(plan, slos, [], kw, target=target,
                                                         model=model)})
-    _print_results.no_plots = kw["no_plots"]  # type: ignore[attr-defined]
     code = _run(lambda: _targeted(run_dir, target, model, plan, kw["quiet"]))
-    _print_results(run_dir)
+    _print_results(run_dir, make_plots=not kw["no_plots"])
     return code
 
 

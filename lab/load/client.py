@@ -48,6 +48,9 @@ class ClientOptions:
     procs: int = 1  # client processes the level is spread over
     duration_s: float | None = None  # timed level: stop claiming new requests after this long
     request_id_prefix: str = ""  # request_id = prefix + index (also sent as X-Request-Id)
+    # run even a single client process as a child, so its CPU and loop-lag figures are its own
+    # (not shared with whatever else the calling process runs, e.g. the launcher)
+    isolate: bool = False
 
 
 @dataclass
@@ -467,7 +470,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
     payloads = _Payloads(bodies, prebuild=options.duration_s is None)
-    if options.procs > 1 and concurrency > 1:
+    if options.isolate or (options.procs > 1 and concurrency > 1):
         records, infos = await _run_procs(url, payloads, concurrency, warmup, options, progress)
     else:
         driver = _Driver(url, payloads, concurrency, warmup, options)

@@ -119,7 +119,11 @@ def gap_distribution(requests: pd.DataFrame, path: Path, title: str = "") -> Pat
     ax.set_xlabel("gap between consecutive content chunks (ms, log scale)")
     ax.set_ylabel("fraction of gaps <= x")
     ax.set_title(title or "Inter-chunk gap distribution (CDF) per concurrency")
-    ax.legend(title="concurrency", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title="concurrency", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no gaps > 0: every request's chunks arrived together",
+                ha="center", va="center", transform=ax.transAxes)
     ax.grid(True, alpha=0.3, which="both")
     return _save(fig, path)
 

@@ -1,0 +1,21 @@
+"""mocker.server: the gRPC edge of the mocker (openengine.v1 as the TensorRT-LLM OpenEngine mock
+serves it; mocker-model.md sections 3.3-3.4).
+
+Modules, one job each:
+
+* `app`         - assemble the grpc.aio server, run it, graceful stop (SIGTERM/SIGINT).
+* `config`      - server defaults (`ServerConfig`); engine defaults live in mocker.engine.config.
+* `validation`  - request preparation: every pre-acceptance check, as gRPC statuses, in order.
+* `handoff`     - the prefill stamp and the decode leg's strict KvSessionRef validation.
+* `engine_loop` - the asyncio task that owns the Scheduler, paced by absolute deadlines.
+* `inflight`    - per-request state, the single abort claim and the `Exit` enum.
+* `inference`   - Generate: streaming, coalescing, and the one terminal event.
+* `fastwire`    - hand-encoded token events for the hot path.
+* `tokens_out`  - token text, synthetic logprobs and candidates.
+* `control`     - Control RPCs (identity, model, load, health, abort; refused LoRA/KV events).
+* `health`      - grpc.health.v1 whose Watch streams end on graceful stop.
+* `admin`       - loadlab.mocker.v1.Admin fault injection.
+* `recorder`    - the request recorder (`--record-requests`; read it over gRPC at
+                  `/loadlab.mocker.v1.Recorder/List`, client helper `recorder.list_recorded`).
+* `state`       - shared state: registries, permits, fault switches, the stall watchdog scan.
+"""

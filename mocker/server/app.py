@@ -122,6 +122,10 @@ async def serve(cfg: ServerConfig, listen: str) -> int:
         cfg.engine.speedup_ratio,
         cfg.engine.to_json(),
     )
-    await server.run_until_stopped(ready)
-    del address
+    try:
+        await server.run_until_stopped(ready)
+    except Exception:  # an ExceptionGroup from the task group: the engine loop died
+        log.exception("the engine failed (instance %s, %s)", cfg.instance_id, address)
+        await server.server.stop(0)
+        return 1
     return 0

@@ -226,10 +226,14 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     )
             st.recorder.record(request)
 
+            loop = asyncio.get_running_loop()
             if prep.prompt_logprobs:
-                yield GenerateResponse(
+                msg = GenerateResponse(
                     request_id=rid, prompt=prompt_output(prep.prompt, prep.prompt_candidates)
                 ).SerializeToString()
+                live.write_started = loop.time()
+                yield msg
+                live.write_started = 0.0
             if handoff is not None:
                 if kv_wait_s > 0.0:
                     await asyncio.sleep(kv_wait_s)
@@ -237,7 +241,6 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 if replay_only:
                     live.completed = live.done = True
 
-            loop = asyncio.get_running_loop()
             prefix = response_prefix(rid)
             flowing = st.tokens_flowing
             stop_ids = prep.stop_ids

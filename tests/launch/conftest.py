@@ -7,10 +7,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from launch.commands import Programs
+from tests.launch.helpers import alive, descendants
 
 FAKE = Path(__file__).with_name("fake_proc.py")
 FAKE_MOCKER = [sys.executable, str(FAKE), "mocker"]
@@ -24,9 +24,8 @@ def fakes() -> Programs:
 
 
 @pytest.fixture
-def fake_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def fake_env(tmp_path: Path) -> dict[str, str]:
     """Environment for a `lab up` subprocess that launches the stand-ins."""
-    monkeypatch.setenv("FAKE_TRIGGER_DIR", str(tmp_path))
     env = {
         **os.environ,
         "LAB_LAUNCH_MOCKER": shlex.join(FAKE_MOCKER),
@@ -35,10 +34,6 @@ def fake_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     }
     return env
-
-
-def descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 @pytest.fixture
@@ -54,17 +49,3 @@ def no_leftovers() -> Iterator[None]:
             break
         time.sleep(0.1)
     assert not left, f"processes left behind: {left}"
-
-
-def alive(pid: int, create_time: float | None = None) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return create_time is None or abs(proc.create_time() - create_time) < 0.05
-    except psutil.NoSuchProcess:
-        return False
-
-
-def run_dir_processes(state: dict) -> list[tuple[int, float | None]]:
-    return [(p["pid"], p.get("create_time")) for p in state["processes"] if p.get("pid")]

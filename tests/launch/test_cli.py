@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launch.events import read_events
-from tests.launch.conftest import alive
+from tests.launch.helpers import alive
 
 LAB = str(Path(sys.executable).with_name("lab"))
 

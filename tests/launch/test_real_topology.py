@@ -18,7 +18,7 @@ import pytest
 from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
-from tests.launch.conftest import alive
+from tests.launch.helpers import alive
 
 REAL = all(importlib.util.find_spec(m) for m in (
     "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))

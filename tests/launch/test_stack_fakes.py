@@ -17,7 +17,7 @@ from launch.errors import LaunchError
 from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
-from tests.launch.conftest import alive
+from tests.launch.helpers import alive
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

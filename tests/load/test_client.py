@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -54,7 +55,7 @@ async def test_one_in_flight_reuses_one_connection(fake: tuple[FakeOpenAI, str])
     res = await run_level(url, bodies(10), 1)
     assert server.peak == 1 and len(server.peers) == 1
     recs = res.records
-    for a, b in zip(recs, recs[1:], strict=False):  # closed loop: next sent after previous done
+    for a, b in itertools.pairwise(recs):  # closed loop: next sent after previous done
         assert b["sent_ns"] >= a["done_ns"]
 
 
@@ -65,7 +66,7 @@ async def test_fresh_connection_per_request(fake: tuple[FakeOpenAI, str]) -> Non
 
 
 async def test_failed_requests_are_rows(fake: tuple[FakeOpenAI, str]) -> None:
-    server, url = fake
+    _server, url = fake
     reqs = bodies(12)
     reqs[3]["prompt"][0] = FAIL_HTTP
     reqs[5]["prompt"][0] = FAIL_STREAM
@@ -88,7 +89,7 @@ async def test_unreachable_server_gives_connect_errors() -> None:
 async def test_timed_level_stops_claiming(fake: tuple[FakeOpenAI, str]) -> None:
     from lab.load.workload import RequestSet
 
-    server, url = fake
+    _server, url = fake
     rs = RequestSet(WorkloadSpec(isl=20, osl=4), "fake-model", 1, 10**9)
     res = await run_level(url, rs, 4, options=ClientOptions(duration_s=0.5))
     assert 4 <= len(res.records) < 10**6

@@ -284,3 +284,15 @@ def test_admin_freeze_stops_the_engine_loop_and_its_load_clock(engine: Engine):
     reader.join(10)
     assert assert_one_terminal(got).finished.reason == g.FINISH_REASON_LENGTH
     assert engine.load().timestamp_unix_nanos > stamp
+
+
+def test_dropping_the_stream_cancels_the_engine_work(engine: Engine):
+    call, _ = start(engine, request("drop-1", max_tokens=2000))
+    assert engine.load().running_requests == 1
+    call.cancel()
+    deadline = time.monotonic() + 5
+    while engine.load().running_requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    load = engine.load()
+    assert load.running_requests == 0 and load.used_kv_blocks == 0
+    assert engine.abort("drop-1").status == ALREADY_FINISHED

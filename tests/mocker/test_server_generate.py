@@ -29,7 +29,8 @@ SLOW_BLOCKS = 64  # x 32 tokens = a 2048-token KV pool
 
 @pytest.fixture(scope="module")
 def fast(tmp_path_factory) -> Engine:
-    with engine_process(tmp_path_factory.mktemp("fast"), "engine-fast", "--speedup-ratio", "0") as e:
+    log_dir = tmp_path_factory.mktemp("fast")
+    with engine_process(log_dir, "engine-fast", "--speedup-ratio", "0") as e:
         yield e
 
 
