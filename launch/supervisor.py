@@ -41,6 +41,7 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_CAP_S = 10.0
 STABLE_AFTER_S = 10.0  # a process that ran this long resets its backoff
 POLL_S = 0.05
+UNKILLABLE_WAIT_S = 10.0
 
 
 def backoff_delay(consecutive: int) -> float:
@@ -76,6 +77,7 @@ class Supervisor:
         # (the stack records a withdrawal from discovery that preceded the exit)
         self.before_exit_event: list[Callable[[ManagedProcess], None]] = []
         self._started = False
+        self._stop_done = 0.0
         self._tg: asyncio.TaskGroup | None = None
         self._restart_tasks: dict[str, asyncio.Task] = {}
         self._consecutive: dict[str, int] = {}
@@ -236,6 +238,8 @@ class Supervisor:
                                  detail=traceback.format_exc())
             if self.stopping and not any(p.alive for p in self.processes):
                 return
+            if self._stop_done and time.monotonic() - self._stop_done > UNKILLABLE_WAIT_S:
+                return  # something survived SIGKILL (uninterruptible sleep): do not hang
             await asyncio.sleep(POLL_S)
 
     def _reap(self) -> None:
@@ -367,6 +371,7 @@ class Supervisor:
         for proc in self.processes:
             if proc.state != "exited":
                 proc.state = "stopped"
+        self._stop_done = time.monotonic()
         self.on_change()
 
     async def _terminate(self, group: list[ManagedProcess]) -> None:
@@ -378,7 +383,7 @@ class Supervisor:
         while any(p.alive for p in live) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
         for proc in live:
-            if False and proc.signal_group(signal.SIGKILL):
+            if proc.signal_group(signal.SIGKILL):
                 self.events.emit("kill", proc.name, proc.pid, reason="grace period over")
         for proc in live:
             if proc.popen is not None:
@@ -388,3 +393,5 @@ class Supervisor:
     def kill_all_now(self) -> None:
         """Last resort (synchronous): SIGKILL every live process group."""
         self.stopping = True
+        for proc in self.processes:
+            proc.signal_group(signal.SIGKILL)

@@ -18,7 +18,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 PASS_SIZES = (1, 32, 128, 256)
 DRIFT_RUNNING = 256
@@ -66,9 +66,7 @@ async def measure_drift(seconds: float, running: int = DRIFT_RUNNING) -> DriftRe
     from mocker.server.engine_loop import EngineLoop
     from mocker.server.inflight import LiveRequest
 
-    sched = long_running_scheduler(running)
-    sched.args = replace(sched.args, speedup_ratio=1.0)
-    sched._timing = type(sched._timing)(EngineArgs(max_num_seqs=running))
+    sched = long_running_scheduler(running, EngineArgs(speedup_ratio=1.0, max_num_seqs=running))
     live = {f"bench-{i}": LiveRequest(f"bench-{i}", f"bench-{i}") for i in range(running)}
     loop = EngineLoop(sched, live)
 

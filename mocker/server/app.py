@@ -20,6 +20,7 @@ from lab.wire import constants as wc
 from lab.wire.ready import format_ready
 from mocker.engine import EngineArgs, Scheduler
 
+from . import fastwire
 from .admin import Admin
 from .config import ServerConfig
 from .control import Control
@@ -54,6 +55,7 @@ class MockerServer:
     ) -> None:
         self.cfg = cfg
         self.listen = listen
+        fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -63,6 +65,7 @@ class MockerServer:
         admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.state), self.server)
         self.server.add_generic_rpc_handlers([self.state.recorder.handler()])
         self.address = ""
+        self.failed: Exception | None = None
         self._stop = asyncio.Event()
 
     async def start(self) -> str:
@@ -84,9 +87,21 @@ class MockerServer:
                 await asyncio.wait_for(self._stop.wait(), period)
             self.state.check_stalls(loop.time())
 
+    async def _engine(self) -> None:
+        """Run the engine loop; if it dies, fail in-flight requests in-band (INTERNAL), drop
+        liveness and stop the server (`failed` is set, `serve` exits 1)."""
+        try:
+            await self.state.loop.run()
+        except Exception as exc:
+            log.exception("the engine loop failed")
+            self.failed = exc
+            self.health.set(wc.HEALTH_LIVENESS, NOT_SERVING)
+            self.state.fail_executor(f"the engine loop failed: {exc!r}")
+            self._stop.set()
+
     async def run_until_stopped(self, on_ready: Callable[[str], None] | None = None) -> None:
         async with asyncio.TaskGroup() as tg:
-            engine_task = tg.create_task(self.state.loop.run(), name="engine-loop")
+            engine_task = tg.create_task(self._engine(), name="engine-loop")
             tg.create_task(self._watchdog(), name="stall-watchdog")
             self.health.set_all(SERVING)
             if on_ready is not None:
@@ -122,10 +137,8 @@ async def serve(cfg: ServerConfig, listen: str) -> int:
         cfg.engine.speedup_ratio,
         cfg.engine.to_json(),
     )
-    try:
-        await server.run_until_stopped(ready)
-    except Exception:  # an ExceptionGroup from the task group: the engine loop died
-        log.exception("the engine failed (instance %s, %s)", cfg.instance_id, address)
-        await server.server.stop(0)
+    await server.run_until_stopped(ready)
+    if server.failed is not None:
+        log.error("exiting 1: the engine failed (instance %s, %s)", cfg.instance_id, address)
         return 1
     return 0

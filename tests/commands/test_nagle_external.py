@@ -30,11 +30,12 @@ async def _lab(*args: str, timeout: float = 70.0) -> tuple[int, str, str]:
     return proc.returncode or 0, out.decode(), err.decode()
 
 
-async def test_external_probe_localises_a_stall_behind_the_frontend(tmp_path: Path) -> None:
-    # The stack the user points at has the suspect request plane (client NODELAY off, split
-    # writes): the stall lives behind the frontend, so fresh HTTP connections do not avoid it.
+async def test_external_probe_localises_a_stall_in_the_http_response_path(tmp_path: Path) -> None:
+    # The stack the user points at writes its HTTP responses without TCP_NODELAY (headers, then
+    # each SSE event): the probe does not know that, and must find the stall on kept-alive
+    # connections, not on fresh ones, and only when streaming.
     spec = TopologySpec.aggregated(
-        engines=1, speedup=1000.0, sockets=SocketSettings(client_nodelay=False, split_writes=True)
+        engines=1, speedup=1000.0, sockets=SocketSettings(http_nodelay=False)
     )
     async with Stack(spec, tmp_path / "stack") as stack:
         url, model = stack.frontend_url, stack.model
@@ -60,7 +61,9 @@ async def test_external_probe_localises_a_stall_behind_the_frontend(tmp_path: Pa
     verdict = doc["verdict"]
     assert verdict["outcome"] == "stall present", verdict
     assert "the delayed-ACK timer" in verdict["text"]
-    assert "present on fresh connections too" in verdict["text"], verdict["text"]
+    assert "present on a reused connection and absent on fresh ones" in verdict["text"]
+    assert "present when streaming and absent when not" in verdict["text"]
+    assert doc["stats"]["fresh-connection"]["levels"]["1"]["cluster_share"] < 0.05
     assert "stall present" in stdout
     assert "TTFT is the full response time" in (out / "report.md").read_text()
 

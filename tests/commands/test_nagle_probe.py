@@ -43,8 +43,7 @@ def test_probe_reproduces_the_stall_only_with_client_nodelay_off_and_split_write
     # least 30 ms above the fastest decile
     assert suspect["n"] >= 30
     assert suspect["cluster_share"] > 0.5, suspect
-    assert suspect["cluster_floor_ms"] - suspect["baseline_ms"] >= 30
-    assert 30 <= suspect["cluster_excess_ms"] <= 60, suspect  # one delayed-ACK timer (40 ms)
+    assert 30 <= suspect["cluster_excess_ms"] <= 70, suspect  # one delayed-ACK timer (40 ms)
     # the defaults: none there. One 30 ms scheduling hiccup on a 2-core machine shared with
     # other test runs is not a stall cluster, so tolerate at most one sample (< 5%).
     assert control["n"] >= 30
@@ -54,13 +53,19 @@ def test_probe_reproduces_the_stall_only_with_client_nodelay_off_and_split_write
         "reproduced: with client NODELAY off and split writes"
     )
 
-    # the run directory holds everything, like a sweep's
+    # the same criterion straight from the raw records, independent of the analysis code
     df = pd.read_parquet(out / "requests.parquet")
+    c1 = df[df["level"] == 1]
+    fastest_decile = c1[c1.arm == "control"]["ttft_ms"].quantile(0.1)
+    stalled = c1[c1.arm == "suspect"]["ttft_ms"] >= fastest_decile + 30
+    assert stalled.mean() > 0.5, c1[c1.arm == "suspect"]["ttft_ms"].describe()
+
+    # the run directory holds everything, like a sweep's
     assert set(df["arm"]) == {"control", "suspect"}
     assert len(df) == 2 * 2 * N  # two arms, two levels
     assert (df["ok"]).all()
     # same requests in every arm
-    c1 = df[df["level"] == 1].sort_values("index")
+    c1 = c1.sort_values("index")
     assert list(c1[c1.arm == "control"]["isl_requested"]) == list(
         c1[c1.arm == "suspect"]["isl_requested"]
     )

@@ -25,6 +25,8 @@ def test_bench_prints_pass_cost_drift_and_streaming_figures():
 
 def test_engine_loop_keeps_simulated_time_with_absolute_deadlines():
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        d = runner.run(measure_drift(1.5, running=32))
+        d = runner.run(measure_drift(2.0, running=256))
     assert d.passes > 50
-    assert abs(d.drift) < 0.10  # generous on a shared 2-core machine; the bench reports ~0%
+    # Relative sleeps would drift by pass cost / pass duration (~10-30% here); absolute
+    # deadlines keep it near 0 (bound generous for a shared 2-core machine).
+    assert abs(d.drift) < 0.05

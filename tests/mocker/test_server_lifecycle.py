@@ -4,6 +4,7 @@ Exit and ExecutorFailure, and the consumer-stall watchdog (each test owns its pr
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import threading
@@ -158,3 +159,30 @@ def test_a_stalled_consumer_gets_an_overloaded_retryable_error(spawn):
     out = e.generate(request("fast-reader", max_tokens=3000))
     assert assert_one_terminal(out).finished.reason == g.FINISH_REASON_LENGTH
     e.channel.close()
+
+
+async def test_a_failing_engine_loop_fails_requests_in_band_and_stops_the_server():
+    """In-process: a scheduler that raises. The in-flight request ends with INTERNAL, liveness
+    drops, the server stops by itself and reports the failure (serve() exits 1)."""
+    from mocker.engine import EngineArgs, Scheduler
+    from mocker.server.app import MockerServer
+    from mocker.server.config import ServerConfig
+
+    class Broken(Scheduler):
+        def step(self, now_ms):
+            raise RuntimeError("scheduler bug")
+
+    server = MockerServer(
+        ServerConfig(engine=EngineArgs(speedup_ratio=0.0)), "127.0.0.1:0", scheduler_factory=Broken
+    )
+    address = await server.start()
+    run = asyncio.create_task(server.run_until_stopped())
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = openengine_pb2_grpc.InferenceStub(channel)
+        out = [r async for r in stub.Generate(request("broken-1", max_tokens=3))]
+    last = assert_one_terminal(out)
+    assert last.error.code == error_pb2.ERROR_CODE_INTERNAL
+    assert "scheduler bug" in last.error.message
+    await asyncio.wait_for(run, 10)
+    assert isinstance(server.failed, RuntimeError)
+    assert server.health.status("liveness") == NOT_SERVING
