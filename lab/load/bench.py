@@ -38,7 +38,7 @@ class FakeServer:
     """`python -m lab.load.fake_sse` in its own process group; stopped on exit."""
 
     def __init__(self, token_interval_ms: float = 0.0) -> None:
-        self.log = tempfile.TemporaryFile(mode="w+")
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lab.load.fake_sse", "--listen", "127.0.0.1:0",
              "--token-interval-ms", str(token_interval_ms)],

@@ -2,14 +2,17 @@
 
 Design (what keeps it light and honest):
 
-- ONE aiohttp session per level (a TCPConnector with limit >= concurrency; `fresh_connection`
-  makes it force_close, so every request opens a new connection).
-- Responses are read as raw bytes (`iter_any`); each read is stamped with `perf_counter_ns()`
-  before anything else, complete SSE events are appended with that stamp, and JSON is parsed
-  only after the next request of the same slot was sent (see `lab.load.sse`).
-- Closed loop: each of N slot tasks claims the next request index, sends it, reads it to the
-  end, and repeats. `scheduled` is the moment the slot became free (plus `gap_ms`), `sent` the
-  moment the request was handed to the socket; `sent - scheduled` is the send delay.
+- HTTP/1.1 on asyncio.Protocol (`lab.load.http1`), one kept-alive connection per slot
+  (`fresh_connection`: `Connection: close` and a new connection per request). Each read is
+  stamped with `perf_counter_ns()` before anything else and kept as (stamp, bytes); SSE events
+  are split and JSON parsed only after the next request of the same slot was sent
+  (`lab.load.sse`). Against one SSE chunk per token, aiohttp's per-chunk coroutine wake-ups
+  cost several times the client's CPU budget; this costs a stamp and an append per read.
+- Closed loop: each of N slots claims the next request index, sends it, reads it to the end,
+  and repeats; with no gap the next request is written from the completion callback itself
+  (see `_Slot`). `scheduled` is the moment the slot became free (plus `gap_ms`), `sent` the
+  moment the request was handed to the socket (before connecting, when a connection is
+  opened); `sent - scheduled` is the send delay.
 - The client measures itself: event-loop lag (a 10 ms ticker's oversleep), CPU
   (getrusage over the level window) and send delay.
 - `procs > 1` spreads the level over K spawned processes sharing one index counter, so the total
@@ -23,15 +26,14 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import resource
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 
+from lab.load.http1 import Http1Connection, Origin, connect, post_request
 from lab.load.sse import RawResponse, parse_response
 
 LOOP_LAG_INTERVAL_S = 0.010
@@ -111,62 +113,6 @@ class _Payloads:
         return self._make(self.bodies[i])
 
 
-class _NoDelayOffConnector(aiohttp.TCPConnector):
-    """aiohttp sets TCP_NODELAY on every connection; this turns it off again (Nagle arms)."""
-
-    async def _create_connection(self, req, traces, timeout):  # type: ignore[no-untyped-def]
-        proto = await super()._create_connection(req, traces, timeout)
-        sock = proto.transport.get_extra_info("socket") if proto.transport else None
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
-        return proto
-
-
-async def _send(session: aiohttp.ClientSession, url: str, data: bytes, headers: dict,
-                streaming: bool, after_headers: Callable[[], None]) -> RawResponse:
-    perf = time.perf_counter_ns
-    raw = RawResponse(sent_ns=perf())
-    try:
-        async with session.post(url, data=data, headers=headers) as resp:
-            raw.status = resp.status
-            after_headers()
-            if resp.status != 200 or not streaming:
-                raw.body = await resp.read()
-                raw.done_ns = perf()
-                return raw
-            times = raw.times
-            events = raw.events
-            buf = b""
-            async for data_in in resp.content.iter_any():
-                t = perf()
-                if b"\r" in data_in:
-                    data_in = data_in.replace(b"\r\n", b"\n")
-                buf += data_in
-                if b"\n\n" in buf:
-                    parts = buf.split(b"\n\n")
-                    buf = parts.pop()
-                    for part in parts:
-                        times.append(t)
-                        events.append(part)
-            if buf.strip():
-                times.append(perf())
-                events.append(buf)
-            raw.done_ns = perf()
-    except TimeoutError as exc:
-        raw.error_kind, raw.error_message = "timeout", f"no complete response: {exc!r}"
-    except aiohttp.ClientConnectorError as exc:
-        raw.error_kind, raw.error_message = "connect", str(exc)
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
-        raw.error_kind, raw.error_message = "disconnect", str(exc) or type(exc).__name__
-    except aiohttp.ClientError as exc:
-        raw.error_kind, raw.error_message = "client_error", f"{type(exc).__name__}: {exc}"
-    except OSError as exc:
-        raw.error_kind, raw.error_message = "connect", f"{type(exc).__name__}: {exc}"
-    if raw.done_ns is None:
-        raw.done_ns = perf()
-    return raw
-
-
 @dataclass
 class _Shared:
     """Cross-process state of a level (or plain ints for one process)."""
@@ -195,8 +141,13 @@ class _Driver:
         self.errors = 0
         self.deadline_ns: int | None = None
         self._endpoint: str | None = None
+        self.rid_prefix = options.request_id_prefix.encode()
+        self.origin: Origin | None = None
+        self.head = b""
+        self.gap_ns = 0
+        self.chain = False
 
-    def _claim(self) -> int | None:
+    def claim(self) -> int | None:
         if self.deadline_ns is not None and time.perf_counter_ns() >= self.deadline_ns:
             return None
         if self.shared is not None and self.shared.next_index is not None:
@@ -212,7 +163,7 @@ class _Driver:
         self._next = i + 1
         return i
 
-    def _finish(self, i: int, scheduled: int, isl: int | None, osl: int | None, streaming: bool,
+    def finish(self, i: int, scheduled: int, isl: int | None, osl: int | None, streaming: bool,
                 raw: RawResponse) -> None:
         rec = parse_response(raw, streaming)
         rec.update(
@@ -241,40 +192,6 @@ class _Driver:
                 with self.shared.errors.get_lock():
                     self.shared.errors.value += 1
 
-    async def _slot(self, session: aiohttp.ClientSession, start_ns: int) -> None:
-        gap_ns = int(self.options.gap_ms * 1e6)
-        free = start_ns
-        pending: list[tuple] = []
-
-        def flush() -> None:
-            while pending:
-                self._finish(*pending.pop())
-
-        first = True
-        while True:
-            i = self._claim()
-            if i is None:
-                break
-            data, isl, osl, streaming = self.payloads.get(i)
-            scheduled = free if first else free + gap_ns
-            first = False
-            if gap_ns:
-                delay = scheduled - time.perf_counter_ns()
-                if delay > 0:
-                    await asyncio.sleep(delay / 1e9)
-            url = self._endpoint or self.url
-            headers = {**_HEADERS, "X-Request-Id": f"{self.options.request_id_prefix}{i}"}
-            try:
-                raw = await _send(session, url, data, headers, streaming, flush)
-            except Exception as exc:  # never lose a request: anything unexpected is a row
-                raw = RawResponse(sent_ns=time.perf_counter_ns(), done_ns=time.perf_counter_ns(),
-                                  error_kind="client_error",
-                                  error_message=f"{type(exc).__name__}: {exc}")
-            flush()
-            free = raw.done_ns or time.perf_counter_ns()
-            pending.append((i, scheduled, isl, osl, streaming, raw))
-        flush()
-
     async def _lag_ticker(self) -> None:
         interval_ns = int(LOOP_LAG_INTERVAL_S * 1e9)
         perf = time.perf_counter_ns
@@ -293,35 +210,36 @@ class _Driver:
 
     async def run(self, progress: Callable[[Progress], None] | None = None,
                   start_ns: int | None = None, deadline_ns: int | None = None) -> dict:
+        opts = self.options
         if self.payloads.n:
             self._endpoint = endpoint_url(self.url, orjson.loads(self.payloads.get(0)[0]))
-        opts = self.options
-        connector_cls = aiohttp.TCPConnector if opts.http_nodelay else _NoDelayOffConnector
-        connector = connector_cls(limit=max(1, self.concurrency), limit_per_host=0,
-                                  force_close=opts.fresh_connection, enable_cleanup_closed=False)
-        timeout = aiohttp.ClientTimeout(total=opts.timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                         auto_decompress=False) as session:
-            if start_ns is not None:
-                wait = start_ns - time.perf_counter_ns()
-                if wait > 0:
-                    await asyncio.sleep(wait / 1e9)
-            t0 = time.perf_counter_ns()
-            if deadline_ns is None and opts.duration_s:
-                deadline_ns = t0 + int(opts.duration_s * 1e9)
-            self.deadline_ns = deadline_ns
-            ru0 = resource.getrusage(resource.RUSAGE_SELF)
-            async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(self._lag_ticker())
-                prog = tg.create_task(self._progress_ticker(progress, t0)) if progress else None
-                async with asyncio.TaskGroup() as slots:
-                    for _ in range(self.concurrency):
-                        slots.create_task(self._slot(session, t0))
-                ticker.cancel()
-                if prog is not None:
-                    prog.cancel()
-            t1 = time.perf_counter_ns()
-            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        self.origin = Origin.from_url(self._endpoint or endpoint_url(self.url, {}))
+        headers = dict(_HEADERS)
+        if opts.fresh_connection:
+            headers["Connection"] = "close"
+        self.head = self.origin.post_head(headers)
+        self.gap_ns = int(opts.gap_ms * 1e6)
+        self.chain = self.gap_ns == 0 and not opts.fresh_connection
+        if start_ns is not None:
+            wait = start_ns - time.perf_counter_ns()
+            if wait > 0:
+                await asyncio.sleep(wait / 1e9)
+        t0 = time.perf_counter_ns()
+        if deadline_ns is None and opts.duration_s:
+            deadline_ns = t0 + int(opts.duration_s * 1e9)
+        self.deadline_ns = deadline_ns
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        async with asyncio.TaskGroup() as tg:
+            ticker = tg.create_task(self._lag_ticker())
+            prog = tg.create_task(self._progress_ticker(progress, t0)) if progress else None
+            async with asyncio.TaskGroup() as slots:
+                for _ in range(self.concurrency):
+                    slots.create_task(_Slot(self).run(t0))
+            ticker.cancel()
+            if prog is not None:
+                prog.cancel()
+        t1 = time.perf_counter_ns()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
         if progress:
             progress(Progress(self.done, None if opts.duration_s else self.payloads.n,
                               self.errors, (t1 - t0) / 1e9))
@@ -335,6 +253,132 @@ class _Driver:
             "requests": len(self.records),
             "loop_lags_ns": self.lags_ns,
         }
+
+
+class _Slot:
+    """One closed-loop slot: one request in flight at a time, on the slot's own connection.
+
+    When it can (a kept-alive connection and no gap), the next request is written from the
+    previous response's completion callback, inside the read that completed it: nothing waits
+    for a task wake-up between a response's last byte and the next request, so the send delay
+    stays in microseconds however busy the loop is. The slot's task does everything else:
+    connecting, gaps, and parsing finished responses (after the next request is already out).
+    """
+
+    def __init__(self, driver: _Driver) -> None:
+        self.d = driver
+        self.conn: Http1Connection | None = None
+        self.current: tuple[int, int, int | None, int | None, bool] | None = None
+        self.finished: list[tuple] = []  # (index, scheduled, isl, osl, streaming, raw)
+        self.stalled = True  # no request in flight and none will be written by a callback
+        self.free_ns = 0
+        self.waiter: asyncio.Future | None = None
+        self.stopped = False
+
+    def _write(self, conn: Http1Connection, i: int, scheduled: int, raw: RawResponse,
+               timeout_s: float) -> None:
+        d = self.d
+        data, isl, osl, streaming = d.payloads.get(i)
+        self.current = (i, scheduled, isl, osl, streaming)
+        rid = b"X-Request-Id: %s%d\r\n" % (d.rid_prefix, i)
+        conn.request(post_request(d.head, rid, data), raw, streaming, self.on_response,
+                     timeout_s)
+
+    def on_response(self, conn: Http1Connection, raw: RawResponse, reusable: bool) -> None:
+        """Called by the connection when the current response is complete or failed."""
+        current = self.current
+        if current is None or self.stopped:
+            return
+        self.current = None
+        self.finished.append((*current, raw))
+        d = self.d
+        if reusable and d.options.fresh_connection:
+            conn.close()
+            reusable = False
+        if not reusable and self.conn is conn:
+            self.conn = None
+        i = d.claim() if reusable and d.chain else None
+        if i is not None:
+            self._write(conn, i, raw.done_ns or time.perf_counter_ns(),
+                        RawResponse(sent_ns=time.perf_counter_ns()), d.options.timeout_s)
+        else:
+            self.stalled = True
+            self.free_ns = raw.done_ns or time.perf_counter_ns()
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _parse(self) -> None:
+        finished, self.finished = self.finished, []
+        for item in finished:
+            self.d.finish(*item)
+
+    async def _connect(self, raw: RawResponse) -> Http1Connection | None:
+        d = self.d
+        try:
+            conn = await connect(d.origin, nodelay=d.options.http_nodelay,
+                                 timeout_s=d.options.timeout_s)
+        except TimeoutError as exc:
+            raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
+        except OSError as exc:
+            raw.error_kind = "connect"
+            raw.error_message = (f"cannot connect to {d.origin.host}:{d.origin.port}: "
+                                 f"{type(exc).__name__}: {exc}")
+        else:
+            self.conn = conn
+            return conn
+        raw.done_ns = time.perf_counter_ns()
+        return None
+
+    async def run(self, start_ns: int) -> None:
+        d = self.d
+        loop = asyncio.get_running_loop()
+        perf = time.perf_counter_ns
+        scheduled = start_ns
+        try:
+            while True:
+                i = d.claim()
+                if i is None:
+                    break
+                if d.gap_ns:
+                    delay = scheduled - perf()
+                    if delay > 0:
+                        await asyncio.sleep(delay / 1e9)
+                raw = RawResponse(sent_ns=perf())  # like a user's clock: connecting counts
+                try:
+                    conn = self.conn
+                    if conn is None or conn.closed:
+                        conn = await self._connect(raw)
+                    if conn is not None:
+                        self.stalled = False
+                        remaining = d.options.timeout_s - (perf() - raw.sent_ns) / 1e9
+                        self._write(conn, i, scheduled, raw, max(remaining, 1e-3))
+                except Exception as exc:  # never lose a request: anything unexpected is a row
+                    raw.error_kind = "client_error"
+                    raw.error_message = f"{type(exc).__name__}: {exc}"
+                    raw.done_ns = perf()
+                    conn = None
+                    self.current = None
+                if conn is None:
+                    _, isl, osl, streaming = d.payloads.get(i)
+                    self.finished.append((i, scheduled, isl, osl, streaming, raw))
+                    self.free_ns = raw.done_ns or perf()
+                    self.stalled = True
+                while True:
+                    if self.finished:
+                        self._parse()
+                    if self.stalled:
+                        break
+                    self.waiter = loop.create_future()
+                    await self.waiter
+                    self.waiter = None
+                scheduled = self.free_ns + d.gap_ns
+        finally:
+            self.stopped = True
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+        self._parse()
 
 
 def _p99(values: list[float]) -> float | None:

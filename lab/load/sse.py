@@ -1,8 +1,10 @@
 """Turn one response's raw SSE events (stamped on arrival) into a requests.parquet record.
 
-The client stamps each complete SSE event with the arrival time of the bytes that completed it
-and keeps the raw bytes; this module parses them afterwards (orjson), so the hot path per chunk
-is one clock read and one append.
+The client keeps the response body as it arrived: decoded pieces, each with the
+`perf_counter_ns()` stamp of the read that carried it. This module splits them into SSE events
+afterwards (an event's time is the arrival of the read that completed it, so several events in
+one read share that read's stamp) and parses them (orjson), so the hot path per read is one
+clock read and one append.
 
 A chunk counts as a token chunk only if it carries content: non-empty `text` (completions),
 non-empty `delta.content` (chat), or non-empty `token_ids`. Role-only and usage-only chunks
@@ -22,12 +24,46 @@ class RawResponse:
 
     sent_ns: int
     status: int | None = None
-    times: list[int] = field(default_factory=list)  # arrival ns of each complete SSE event
-    events: list[bytes] = field(default_factory=list)  # raw event bytes (may be several lines)
-    done_ns: int | None = None  # stream fully read (EOF)
+    times: list[int] = field(default_factory=list)  # arrival ns of the read carrying each piece
+    pieces: list[bytes] = field(default_factory=list)  # streamed body bytes, as they arrived
+    done_ns: int | None = None  # response fully read
     body: bytes | None = None  # non-200 or non-streaming response body
     error_kind: str | None = None
     error_message: str | None = None
+
+
+def split_events(times: list[int], pieces: list[bytes], end_ns: int | None = None
+                 ) -> tuple[list[int], list[bytes]]:
+    """SSE events (without their blank-line terminator) and the arrival time of each: the
+    stamp of the piece that completed it. A final unterminated event gets `end_ns`."""
+    ev_times: list[int] = []
+    events: list[bytes] = []
+    buf = b""
+    for t, p in zip(times, pieces, strict=True):
+        if buf:
+            p = buf + p
+        if b"\r" in p:  # CRLF line endings; a CR at the end may pair with the next piece's LF
+            hold = p.endswith(b"\r")
+            p = p.replace(b"\r\n", b"\n")
+            if hold:
+                p = p[:-1]
+        else:
+            hold = False
+        start = 0
+        while True:
+            k = p.find(b"\n\n", start)
+            if k < 0:
+                break
+            ev_times.append(t)
+            events.append(p[start:k])
+            start = k + 2
+        buf = p[start:] if start else p
+        if hold:
+            buf += b"\r"
+    if buf.strip():
+        ev_times.append(end_ns if end_ns is not None else (times[-1] if times else 0))
+        events.append(buf)
+    return ev_times, events
 
 
 def error_message_from_body(body: bytes | None, limit: int = 500) -> str:
@@ -105,7 +141,16 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
     chunk_times: list[int] = []
     saw_done = False
     if streaming and raw.status == 200:
-        for t, ev in zip(raw.times, raw.events, strict=True):
+        for t, ev in zip(*split_events(raw.times, raw.pieces, raw.done_ns), strict=True):
+            if ev.startswith(b"data: {") and b"\n" not in ev:  # the usual one-line event
+                try:
+                    obj = orjson.loads(ev[6:])
+                except orjson.JSONDecodeError:
+                    pass
+                else:
+                    if _absorb(obj, out):
+                        chunk_times.append(t)
+                    continue
             is_error_event = False
             for line in ev.split(b"\n"):
                 if line.startswith(b"data:"):

@@ -112,7 +112,13 @@ class MockerServer:
             await self.server.stop(self.cfg.grace_s)
             self.state.loop.stop()
             await engine_task
-        log.info("stopped")
+        st = self.state
+        log.info(
+            "stopped: streamed %d tokens in %d TokenOutput messages (%.2f per message)",
+            st.tokens_streamed,
+            st.token_messages,
+            st.tokens_streamed / max(st.token_messages, 1),
+        )
 
 
 async def serve(cfg: ServerConfig, listen: str) -> int:

@@ -305,6 +305,8 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                         yield msg
                         live.write_started = 0.0
                         streamed += len(out)
+                        st.token_messages += 1
+                        st.tokens_streamed += len(out)
                     if exit_ is not None:
                         break
                     if live.claimed:

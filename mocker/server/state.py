@@ -31,6 +31,9 @@ class ServerState:
         self.tokens_flowing = asyncio.Event()  # cleared while StallTokens is in effect
         self.tokens_flowing.set()
         self._unstall: asyncio.TimerHandle | None = None
+        # Streaming counters (logged at stop): how much the streams coalesced.
+        self.token_messages = 0  # TokenOutput events written
+        self.tokens_streamed = 0  # tokens in them
 
     def register(self, request_id: str, has_session: bool) -> LiveRequest:
         key = f"{request_id}#{next(self._seq)}"

@@ -98,9 +98,11 @@ def build_generate_request(
     token_ids = req.get("token_ids")
     if not isinstance(token_ids, list) or not token_ids:
         raise RequestError("'token_ids' must be a non-empty list of token ids")
-    for tok in token_ids:
-        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= _U32:
-            raise RequestError(f"'token_ids' holds an invalid token id: {tok!r}")
+    # C-level passes first (a prompt is hundreds of ids); the loop only names the bad one.
+    if set(map(type, token_ids)) != {int} or min(token_ids) < 0 or max(token_ids) > _U32:
+        for tok in token_ids:
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= _U32:
+                raise RequestError(f"'token_ids' holds an invalid token id: {tok!r}")
     prompt_len = len(token_ids)
     model = req.get("model") or facts.model
 
