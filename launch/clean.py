@@ -1,4 +1,5 @@
-"""`lab clean`: kill processes of runs whose supervisor died without tearing them down.
+"""`lab clean`: kill processes of runs whose supervisor died without tearing them down, and
+remove the network namespaces and links of such runs (clean_network, via launch.netns).
 
 Two sources, so neither a lost state.json nor a process started after the last state write
 escapes: (1) every process carrying the launcher's environment markers (LAB_SUPERVISOR_PID /
@@ -91,3 +92,24 @@ def clean_leftovers(results: Path | None = None, dry_run: bool = False) -> list[
             with contextlib.suppress(OSError):
                 write_state(run_dir, state)
     return lines
+
+
+def clean_network(dry_run: bool = False) -> list[str]:
+    """Remove `llab*` namespaces, links and bridges whose run has no live launcher (processes
+    still inside are killed first); returns one line per object. Runs of live launchers are
+    never touched. Without root the leftovers are only listed, with the reason."""
+    from launch import netns
+
+    found = netns.find_leftovers()
+    if not found:
+        return []
+    objects = [*(f"namespace {n}" for n in found.namespaces),
+               *(f"link {n}" for n in found.links)]
+    if found.pids:
+        objects.append(f"processes {', '.join(map(str, sorted(found.pids)))} inside them")
+    if dry_run:
+        return [f"would remove {o}" for o in objects]
+    if os.geteuid() != 0:
+        return [f"cannot remove {o}: needs root" for o in objects]
+    netns.clean_leftovers()
+    return [f"removed {o}" for o in objects]

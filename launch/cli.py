@@ -39,7 +39,9 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False) 
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("role", "name", "pid", "address", "state", "restarts"):
+    hosts = any(p.get("host") for p in processes)
+    for column in ("role", "name", "pid", *(("host",) if hosts else ()), "address", "state",
+                   "restarts"):
         table.add_column(column)
     for p in processes:
         state = p["state"]
@@ -50,7 +52,8 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False) 
         ):
             state = f"{state} (gone)"
         role = p["role"] if not p.get("fleet_role") else f"{p['role']}/{p['fleet_role']}"
-        table.add_row(role, p["name"], str(p.get("pid") or "-"), p.get("address") or "-",
+        host = (p.get("host") or "(root)",) if hosts else ()
+        table.add_row(role, p["name"], str(p.get("pid") or "-"), *host, p.get("address") or "-",
                       state, str(p.get("restarts", 0)))
     _console().print(table)
 
@@ -299,12 +302,19 @@ def fault(run: str, name: str, kind: str, timeout: float) -> None:
               help="Where runs live.  [default: ./results]")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 def clean(results: Path | None, dry_run: bool) -> None:
-    """Kill leftover processes of crashed runs (their supervisor is dead, they are not)."""
-    from launch.clean import clean_leftovers
+    """Kill leftover processes of crashed runs (their supervisor is dead, they are not), and
+    remove the network namespaces, links and bridges (`llab*`) of runs whose launcher died."""
+    from launch.clean import clean_leftovers, clean_network
 
     removed = clean_leftovers(results, dry_run=dry_run)
     verb = "would kill" if dry_run else "killed"
     for line in removed:
         click.echo(f"{verb} {line}")
-    if not removed:
+    try:
+        network = clean_network(dry_run=dry_run)
+    except (RuntimeError, OSError) as exc:
+        raise click.ClickException(f"removing leftover network namespaces failed: {exc}") from exc
+    for line in network:
+        click.echo(line)
+    if not removed and not network:
         click.echo("nothing to clean")

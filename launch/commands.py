@@ -58,13 +58,14 @@ def new_instance_id(engine_name: str) -> str:
 
 
 def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
-                instance_id: str, port: int = 0) -> list[str]:
+                instance_id: str, port: int = 0, host: str = LISTEN_HOST) -> list[str]:
     """port 0: the OS picks; a restarted engine asks for its previous port first, so that its
-    sidecar's --engine address stays valid."""
+    sidecar's --engine address stays valid. `host`: the address to bind (a placed fleet binds
+    its host's address)."""
 
     argv = [
         *programs.mocker, "serve",
-        "--listen", f"{LISTEN_HOST}:{port}",
+        "--listen", f"{host}:{port}",
         "--role", fleet.role,
         "--model", spec.model,
         "--speedup-ratio", repr(float(fleet.speedup)),
@@ -77,11 +78,12 @@ def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
 
 
 def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engine_address: str,
-                 discovery: str, worker_id: str) -> list[str]:
+                 discovery: str, worker_id: str, host: str = LISTEN_HOST) -> list[str]:
+    """`host`: the request-plane address to bind and advertise in discovery."""
     return [
         *programs.lab, "sidecar",
         "--engine", engine_address,
-        "--listen", f"{LISTEN_HOST}:0",
+        "--listen", f"{host}:0",
         "--discovery", discovery,
         "--worker-id", worker_id,
         "--server-nodelay", _onoff(spec.sockets.server_nodelay),
@@ -89,11 +91,12 @@ def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engin
     ]
 
 
-def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str) -> list[str]:
+def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str,
+                  host: str = LISTEN_HOST) -> list[str]:
     s = spec.sockets
     argv = [
         *programs.lab, "frontend",
-        "--listen", f"{LISTEN_HOST}:{spec.frontend_port}",
+        "--listen", f"{host}:{spec.frontend_port}",
         "--discovery", discovery,
         "--router", spec.router,
         "--client-nodelay", _onoff(s.client_nodelay),

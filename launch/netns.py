@@ -172,12 +172,14 @@ def check_shapes(shapes: Mapping[str, LinkShape]) -> None:
 
 
 def _proc_start(pid: int) -> str | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat), or None
+    when it does not run (a zombie, e.g. a SIGKILLed launcher not yet reaped, is dead)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _write_state(run: str, data: dict) -> None:

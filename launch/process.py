@@ -40,6 +40,7 @@ class ProcessView:
     exit_code: int | None = None
     create_time: float | None = None  # psutil create_time, guards against pid reuse
     log: str = ""
+    host: str | None = None  # the topology host it runs in (None = the root namespace)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +81,7 @@ class ManagedProcess:
         self.last_address: str | None = None  # address of the last incarnation that was ready
         self.reuse_port = 0  # engine: port to ask for at the next start (0 = any)
         self.engine_address: str | None = None  # sidecar: the --engine of this incarnation
+        self.host: str | None = None  # topology host (network namespace); None = root
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -178,6 +180,7 @@ class ManagedProcess:
             exit_code=self.exit_code,
             create_time=self.create_time,
             log=str(self.log_path),
+            host=self.host,
         )
 
 

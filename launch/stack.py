@@ -8,6 +8,9 @@ and `lab nagle`).
 __aenter__ starts everything and waits for readiness (LaunchError naming the process that did
 not become ready, with its log tail; everything already started is torn down first).
 __aexit__ tears down (SIGTERM, grace, SIGKILL), writes procs.parquet and the final state.json.
+
+With hosts (TopologySpec.hosts), the network namespaces, bridge and links are created before any
+process starts (launch.netns.NetworkLab) and removed last: processes, then etcd, then the network.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from typing import Any
 from launch.commands import Programs
 from launch.config import write_config
 from launch.control import serve_control
+from launch.errors import LaunchError, TopologyError
 from launch.events import EventLog
+from launch.placement import Placement
 from launch.process import ProcessView, own_create_time
 from launch.readiness import registry_dir
 from launch.registry_watch import RegistryWatch
@@ -67,6 +72,8 @@ class Stack:
         self._registry_watch: RegistryWatch | None = None
         self._registry_task: asyncio.Task | None = None
         self._etcd: Any = None  # launch.etcd.LocalEtcd when discovery == "etcd"
+        self._lab: Any = None  # launch.netns.NetworkLab when the topology has hosts
+        self.placement = Placement()
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -94,18 +101,25 @@ class Stack:
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(self.events_path)
-        if self.spec.discovery == "etcd":
-            try:
+        try:
+            if self.spec.hosts:
+                await self._start_network()
+            if self.spec.discovery == "etcd":
                 await self._start_etcd()
-            except BaseException as exc:
-                self.state, self.error = "failed", str(exc)
-                self._save_state()
-                self.events.close()
-                raise
-        write_config(self.run_dir, self.spec, discovery=self.discovery)
+        except BaseException as exc:
+            self.state, self.error = "failed", str(exc)
+            if self._etcd is not None:
+                with contextlib.suppress(Exception):
+                    await self._etcd.stop()
+            await self._destroy_network()
+            self._save_state()
+            self.events.close()
+            raise
+        write_config(self.run_dir, self.spec, discovery=self.discovery,
+                     hosts_resolved=self.placement.describe())
         self.supervisor = Supervisor(
             self.spec, self.run_dir, self.events, self.discovery,
-            programs=self.programs, on_change=self._save_state,
+            programs=self.programs, on_change=self._save_state, placement=self.placement,
         )
         self.sampler = Sampler(self.processes, self.run_dir / "procs.parquet",
                                interval_s=self.sample_interval_s)
@@ -145,12 +159,56 @@ class Stack:
 
     # -- internals ------------------------------------------------------------------------------
 
+    async def _start_network(self) -> None:
+        """Create the hosts (namespaces, bridge, shaped links); LaunchError("hosts", why)."""
+        from launch.netns import NetnsError, NetworkLab
+
+        try:
+            self.spec.check_system()
+            lab = NetworkLab(self.spec.link_shapes())
+        except TopologyError as exc:
+            raise LaunchError("hosts", str(exc)) from None
+        loop = asyncio.get_running_loop()
+        created = loop.run_in_executor(None, lab.create)
+        self._lab = lab
+        try:
+            # shielded: a Ctrl-C during creation waits for it, then the caller destroys it all
+            await asyncio.shield(created)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await created
+            raise
+        except (NetnsError, TopologyError, OSError) as exc:
+            raise LaunchError("hosts", str(exc)) from None
+        self.placement = Placement.from_lab(lab)
+        assert self.events is not None
+        self.events.emit("start", "network", os.getpid(), role="network",
+                         run_id=lab.run_id, bridge=lab.bridge, gateway=lab.gateway,
+                         hosts=self.placement.describe())
+
+    async def _destroy_network(self) -> None:
+        """Remove every namespace and link of the run (after its processes are gone)."""
+        lab, self._lab = self._lab, None
+        if lab is None:
+            return
+        try:
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, lab.destroy))
+            if self.events is not None:
+                self.events.emit("exit", "network", os.getpid(), 0, role="network")
+        except Exception:
+            if self.events is not None:
+                self.events.emit("error", "network", os.getpid(), detail=traceback.format_exc())
+
     async def _start_etcd(self) -> None:
-        """`--discovery etcd`: a local etcd for this run (stopped after the fleet)."""
+        """`--discovery etcd`: a local etcd for this run (stopped after the fleet). With hosts
+        it listens on the bridge address too, so that every host reaches it."""
         from launch.etcd import LocalEtcd
         from launch.process import ENV_RUN_DIR, ENV_SUPERVISOR_PID, ENV_SUPERVISOR_START
 
-        self._etcd = LocalEtcd(self.run_dir, env={
+        hosts = ("127.0.0.1",)
+        if self.placement.gateway is not None:
+            hosts = (self.placement.gateway, "127.0.0.1")
+        self._etcd = LocalEtcd(self.run_dir, hosts=hosts, env={
             ENV_RUN_DIR: str(self.run_dir.resolve()),
             ENV_SUPERVISOR_PID: str(os.getpid()),
             ENV_SUPERVISOR_START: repr(self._own_create_time),
@@ -192,8 +250,10 @@ class Stack:
             self.supervisor.kill_all_now()
             if self._etcd is not None:
                 with contextlib.suppress(Exception):
+                    pid = self._etcd.pid
                     code = await self._etcd.stop()
-                    self.events.emit("exit", "etcd", self._etcd.pid, code)
+                    self.events.emit("exit", "etcd", pid, code)
+            await self._destroy_network()
             for task in self._side_tasks:
                 task.cancel()
             if self._tg is not None:
@@ -219,6 +279,7 @@ class Stack:
             "frontend_url": self.frontend_url,
             "model": self.model,
             "discovery": self.discovery,
+            "hosts": self.placement.describe(),
             "grace_s": self.spec.grace_s,
             "updated": time.time(),
             "processes": [v.to_dict() for v in self.processes()],

@@ -27,6 +27,7 @@ from launch.commands import (
 from launch.errors import LaunchError
 from launch.events import EventLog
 from launch.faults import ENGINE_ONLY, FAULT_KINDS, admin_fault
+from launch.placement import Placement
 from launch.process import (
     ENV_RUN_DIR,
     ENV_SUPERVISOR_PID,
@@ -65,8 +66,10 @@ class Supervisor:
         discovery: str,
         programs: Programs | None = None,
         on_change: Callable[[], None] | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.spec = spec
+        self.placement = placement or Placement()
         self.run_dir = run_dir
         self.events = events
         self.discovery = discovery
@@ -96,6 +99,7 @@ class Supervisor:
             ENV_SUPERVISOR_START: repr(own_create_time()),
         }
         spec = self.spec
+        place = self.placement
         counters: dict[str, int] = {}
         for fleet in spec.fleets:
             for _ in range(fleet.count):
@@ -106,14 +110,16 @@ class Supervisor:
 
                 def make_engine_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
                     proc.instance_id = new_instance_id(proc.name)
-                    return engine_argv(self.programs, spec, fleet, proc.instance_id,
-                                       port=proc.reuse_port)
+                    return place.prefix(fleet.host) + engine_argv(
+                        self.programs, spec, fleet, proc.instance_id, port=proc.reuse_port,
+                        host=place.bind_address(fleet.host))
 
                 def make_sidecar_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
                     assert proc.partner is not None and proc.partner.last_address is not None
                     proc.engine_address = proc.partner.last_address
-                    return sidecar_argv(self.programs, spec, fleet, proc.engine_address,
-                                        self.discovery, proc.name)
+                    return place.prefix(fleet.host) + sidecar_argv(
+                        self.programs, spec, fleet, proc.engine_address, self.discovery,
+                        proc.name, host=place.bind_address(fleet.host, reachable_from_hosts=True))
 
                 engine = ManagedProcess(engine_name, "engine", fleet.role, fleet.restart_engine,
                                         make_engine_argv, logs / f"{engine_name}.log", env)
@@ -121,13 +127,16 @@ class Supervisor:
                                          fleet.restart_sidecar, make_sidecar_argv,
                                          logs / f"{sidecar_name}.log", env)
                 sidecar.partner = engine
+                engine.host = sidecar.host = fleet.host
                 self.engines.append(engine)
                 self.sidecars.append(sidecar)
         self.frontend = ManagedProcess(
             "frontend", "frontend", None, "never",
-            lambda proc: frontend_argv(self.programs, spec, self.discovery),
+            lambda proc: place.prefix(spec.frontend_host) + frontend_argv(
+                self.programs, spec, self.discovery, host=place.bind_address(spec.frontend_host)),
             logs / "frontend.log", env,
         )
+        self.frontend.host = spec.frontend_host
 
     @property
     def processes(self) -> list[ManagedProcess]:

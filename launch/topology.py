@@ -38,6 +38,15 @@ TOML layout (every key optional):
     count = 1
     speedup = 500.0               # per-fleet overrides of the defaults above
     engine_args = { num_gpu_blocks = 4096 }   # merged over the top-level engine_args
+    host = "gpu1"                 # run this fleet inside host gpu1 (default: the root namespace)
+
+    # Hosts: Linux network namespaces on this machine (launch.netns), joined by a bridge,
+    # MTU 1500, addresses in 10.213.N.0/24. Shaping keys: launch.linkshape (rate/burst/queue
+    # with tbf; delay/jitter/loss need netem, which the lab refuses where the kernel lacks it).
+    frontend_host = "fe"          # the frontend's host (default: the root namespace)
+    [hosts.fe]
+    [hosts.gpu1]
+    rate = "1gbit"
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ from typing import Any
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
 from lab.serve.settings import DEFAULT_MODEL, ROLES, SocketSettings
 from launch.errors import TopologyError
+from launch.linkshape import KEYS as LINK_KEYS
+from launch.linkshape import LinkShape, hosts_from_config
 
 DEFAULT_SPEEDUP = 1000.0
 DEFAULT_DECODE_SPEEDUP = 1.0
@@ -77,6 +88,7 @@ class FleetSpec:
     restart_sidecar: str = DEFAULT_RESTART_SIDECAR
     extra_mocker_args: list[str] = field(default_factory=list)
     extra_sidecar_args: list[str] = field(default_factory=list)  # e.g. ["--grace-period", "1"]
+    host: str | None = None  # a key of TopologySpec.hosts; None = the root namespace
 
 
 # Keys of FleetSpec that a topology can set for all fleets at once.
@@ -105,6 +117,9 @@ class TopologySpec:
     migration_limit: int = 0
     enforce_disagg: bool = False
     extra_frontend_args: list[str] = field(default_factory=list)
+    # host name -> its `[hosts.NAME]` table as written (shaping keys, launch.linkshape)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    frontend_host: str | None = None
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -128,8 +143,11 @@ class TopologySpec:
         return spec
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> TopologySpec:
-        """Read a topology file; errors name the file, the line and the key."""
+    def from_toml(cls, path: str | Path, *, check_system: bool = True) -> TopologySpec:
+        """Read a topology file; errors name the file, the line and the key.
+
+        With hosts, `check_system` also refuses what this machine cannot do (no network
+        namespaces; delay/jitter/loss without netem) before anything is started."""
         path = Path(path)
         try:
             text = path.read_text()
@@ -139,7 +157,10 @@ class TopologySpec:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise TopologyError(f"{path}: {exc}") from exc
-        return _from_mapping(data, _Locator(path, text))
+        spec = _from_mapping(data, _Locator(path, text))
+        if check_system:
+            _check_system(spec, _Locator(path, text))
+        return spec
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TopologySpec:
@@ -170,6 +191,14 @@ class TopologySpec:
     def validate(self) -> None:
         """Raise TopologyError naming the first bad setting."""
         _validate_topology(self, _Locator(None, ""))
+
+    def link_shapes(self) -> dict[str, LinkShape]:
+        """host -> LinkShape (the topology must be valid)."""
+        return hosts_from_config(self.hosts)
+
+    def check_system(self) -> None:
+        """TopologyError when this machine cannot provide the hosts (see from_toml)."""
+        _check_system(self, _Locator(None, ""))
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -251,6 +280,16 @@ class _Locator:
                 if keypath[: len(full)] == full:
                     return number
         return best
+
+    def where(self, *keypaths: tuple[str | int, ...]) -> str:
+        """"FILE:LINE: " of the first keypath found in the file ("" without a file)."""
+        if self.path is None:
+            return ""
+        for keypath in keypaths:
+            line = self.line_of(keypath)
+            if line:
+                return f"{self.path}:{line}: "
+        return f"{self.path}: "
 
     def error(self, keypath: tuple[str | int, ...], problem: str) -> TopologyError:
         dotted = ""
@@ -346,6 +385,7 @@ def _validate_topology(
     for key in ("client_nodelay", "server_nodelay", "split_writes", "http_nodelay"):
         _check_bool(getattr(sockets, key), ("sockets", key), loc)
     _check_int(sockets.pool_size, ("sockets", "pool_size"), loc, 1, 1024)
+    _validate_hosts(spec, loc)
     if not spec.fleets:
         raise loc.error(("fleet",), "at least one fleet is needed")
     for index, fleet in enumerate(spec.fleets):
@@ -368,12 +408,64 @@ def _validate_topology(
         for key in ("extra_mocker_args", "extra_sidecar_args"):
             if not _str_list(getattr(fleet, key)):
                 raise loc.error(fleet_key(index, key), "expected a list of strings")
+        _check_host_ref(spec, fleet.host, fleet_key(index, "host"), loc)
     roles = {f.role for f in spec.fleets}
     if "aggregated" in roles and len(roles) > 1:
         raise loc.error(("fleet",), "aggregated fleets cannot be mixed with prefill/decode fleets")
     if roles & {"prefill", "decode"} and roles != {"prefill", "decode"}:
         missing = ({"prefill", "decode"} - roles).pop()
         raise loc.error(("fleet",), f"a disaggregated topology needs a {missing} fleet")
+
+
+_HOST_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+
+
+def _validate_hosts(spec: TopologySpec, loc: _Locator) -> None:
+    if not isinstance(spec.hosts, dict):
+        raise loc.error(("hosts",), "expected a table of [hosts.NAME] tables")
+    for name, table in spec.hosts.items():
+        if not isinstance(name, str) or not _HOST_NAME.fullmatch(name):
+            raise loc.error(("hosts", str(name)), "a host name is 1-32 of a-z 0-9 _ - "
+                            "(starting with a letter or digit)")
+        if not isinstance(table, dict):
+            raise loc.error(("hosts", name), 'expected a table (e.g. rate = "1gbit")')
+        for key in table:
+            if key not in LINK_KEYS:
+                raise loc.error(("hosts", name, key),
+                                f"unknown key (known: {', '.join(LINK_KEYS)})")
+        try:
+            LinkShape.from_config(name, table)
+        except TopologyError as exc:
+            m = re.match(rf"hosts\.{re.escape(name)}\.(\w+)", str(exc))
+            key = (("hosts", name, m.group(1)),) if m else ()
+            raise TopologyError(f"{loc.where(*key, ('hosts', name))}{exc}") from None
+    _check_host_ref(spec, spec.frontend_host, ("frontend_host",), loc)
+
+
+def _check_host_ref(spec: TopologySpec, host: Any, key: tuple, loc: _Locator) -> None:
+    if host is None:
+        return
+    if not isinstance(host, str) or host not in spec.hosts:
+        known = ", ".join(spec.hosts) or "none declared; add a [hosts.NAME] table"
+        raise loc.error(key, f"{host!r}: unknown host (hosts: {known})")
+
+
+def _check_system(spec: TopologySpec, loc: _Locator) -> None:
+    """Refuse hosts this machine cannot provide (namespaces, netem); no-op without hosts."""
+    if not spec.hosts:
+        return
+    from launch import netns
+
+    ok, reason = netns.available()
+    if not ok:
+        raise TopologyError(f"{loc.where(('hosts',))}hosts: this machine cannot create "
+                            f"network namespaces: {reason}")
+    for name, shape in spec.link_shapes().items():
+        try:
+            netns.check_shapes({name: shape})
+        except TopologyError as exc:
+            keys = [("hosts", name, k) for k in (*shape.netem_keys, "rate")]
+            raise TopologyError(f"{loc.where(*keys, ('hosts', name))}{exc}") from None
 
 
 def _str_list(value: Any) -> bool:

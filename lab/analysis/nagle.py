@@ -456,6 +456,16 @@ def launched_verdict(
     return Verdict(outcome, text, tuple(lines))
 
 
+def _relative(st: StallStats, ref: StallStats) -> str:
+    """Is `ref`'s stall cluster "absent", "reduced" or "present" in `st`? Relative, so that a
+    few noisy samples (2 of 30 is already 7%) do not count as the stall."""
+    if st.cluster_share < max(ABSENT_SHARE, ref.cluster_share / 5):
+        return "absent"
+    if st.cluster_share >= ref.cluster_share / 2:
+        return "present"
+    return "reduced"
+
+
 def external_verdict(
     arms: Mapping[str, ArmResult],
     *,
@@ -490,7 +500,7 @@ def external_verdict(
         # the stall's size: against the fast mode's median (the fresh-connection arm's when it
         # is stall-free, else the fast requests of this arm), not against the fastest decile
         f1 = _st(fresh, single)
-        if f1 is not None and not f1.has_cluster:
+        if f1 is not None and _relative(f1, r1) == "absent":
             fast_ms, fast_what = f1.p50_ms, "the fresh-connection median"
         elif r1.fast_median_ms is not None:
             fast_ms, fast_what = r1.fast_median_ms, "the fast requests' median"
@@ -547,29 +557,39 @@ def external_verdict(
     f = _st(fresh, single)
     if f is not None:
         lines.append(f"fresh connection per request: {describe(f)}")
-        if present and not f.has_cluster:
+        rel = _relative(f, r1) if present else None
+        both = f"({_pctw(r1.cluster_share)} vs {_pctw(f.cluster_share)})"
+        if rel == "absent":
             findings.append(
-                "present on a reused connection and absent on fresh ones: consistent with the "
-                "client-facing HTTP connection's state (the server's response path writing headers "
-                "and the first chunk separately without TCP_NODELAY, meeting the client's delayed "
-                "ACK on a kept-alive connection), not with the engine"
+                f"present on a reused connection and absent on fresh ones {both}: consistent "
+                "with the client-facing HTTP connection's state (the server's response path "
+                "writing headers and the first chunk separately without TCP_NODELAY, meeting "
+                "the client's delayed ACK on a kept-alive connection), not with the engine"
             )
-        elif present and f.has_cluster:
+        elif rel == "present":
             findings.append(
-                "present on fresh connections too: the client's HTTP connection is not the cause; "
-                "consistent with a persistent connection behind the frontend (its request plane "
-                "to the workers) or with the engine"
+                f"present on fresh connections too {both}: the client's HTTP connection is not "
+                "the cause; consistent with a persistent connection behind the frontend (its "
+                "request plane to the workers) or with the engine"
             )
+        elif rel == "reduced":
+            findings.append(f"reduced on fresh connections {both}: partly per-connection")
     ns = _st(nonstream, single)
     if ns is not None:
         lines.append(f"non-streaming (TTFT = full response time): {describe(ns)}")
-        if present and not ns.has_cluster:
+        rel = _relative(ns, r1) if present else None
+        both = f"({_pctw(r1.cluster_share)} vs {_pctw(ns.cluster_share)})"
+        if rel == "absent":
             findings.append(
-                "present when streaming and absent when not: points at the streaming response "
-                "path (one small write per event) rather than at the engine"
+                f"present when streaming and absent when not {both}: points at the streaming "
+                "response path (one small write per event) rather than at the engine"
             )
-        elif present and ns.has_cluster:
-            findings.append("present without streaming too: not specific to the SSE response path")
+        elif rel == "present":
+            findings.append(
+                f"present without streaming too {both}: not specific to the SSE response path"
+            )
+        elif rel == "reduced":
+            findings.append(f"reduced without streaming {both}")
     for g in gap_arms:
         st = _st(g, single)
         if st is None:

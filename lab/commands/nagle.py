@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +188,6 @@ class ProbeOptions:
     timeout_s: float = 60.0
     model: str = DEFAULT_MODEL
     target: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _log(msg: str) -> None:
@@ -202,7 +202,7 @@ def _bodies(opts: ProbeOptions, model: str, arm: Arm, conc: int, level_seed: int
 
 
 async def _run_arm_levels(url: str, model: str, arm: Arm, opts: ProbeOptions,
-                          seed_of: Any) -> list[dict]:
+                          seed_of: Callable[[Arm, int], int]) -> list[dict]:
     from lab.load.client import ClientOptions, run_level
 
     records: list[dict] = []
@@ -621,10 +621,12 @@ def reanalyse(run: Path, threshold_ms: float | None = None) -> tuple[str, Verdic
     except (OSError, ValueError) as exc:
         raise click.BadParameter(f"{run}: not a nagle run directory ({exc})",
                                  param_hint="--reanalyse") from exc
-    opts = ProbeOptions(**doc.get("options") or {
+    stored = doc.get("options") or {
         "requests": doc["requests_per_level"], "many": doc["levels"][-1],
         "threshold_ms": doc["threshold_ms"], "model": doc["model"], "target": doc["target"],
-    })
+    }
+    known = {f.name for f in fields(ProbeOptions)}
+    opts = ProbeOptions(**{k: v for k, v in stored.items() if k in known})
     if threshold_ms is not None:
         opts.threshold_ms = threshold_ms
     arms = []

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 import click
 import orjson
@@ -180,11 +181,16 @@ class _Conn(asyncio.Protocol):
             self._next()
 
 
-async def serve(host: str, port: int, stop: asyncio.Event, interval_s: float = 0.0) -> None:
+async def serve(host: str, port: int, stop: asyncio.Event, interval_s: float = 0.0,
+                on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve until `stop` is set; `on_ready` gets the bound "host:port"."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Conn(loop, interval_s), host, port)
     bound = server.sockets[0].getsockname()
-    log.info(format_ready("fake-sse", "fake-sse", f"{bound[0]}:{bound[1]}"))
+    listen = f"{bound[0]}:{bound[1]}"
+    log.info(format_ready("fake-sse", "fake-sse", listen))
+    if on_ready is not None:
+        on_ready(listen)
     async with server:
         await stop.wait()
 

@@ -258,6 +258,26 @@ class Http1Connection(asyncio.Protocol):
         pos = 0
         n = len(data)
         pieces: list[bytes] | None = None
+        if not (self._left or self._crlf or self._line or self._trailer):
+            # fast path: whole `size CRLF data CRLF` chunks at the start of this read
+            find = data.find
+            while True:
+                eol = find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size = int(data[pos:eol].split(b";", 1)[0], 16)
+                start = eol + 2
+                end = start + size
+                if size <= 0 or end + 2 > n or data[end:end + 2] != b"\r\n":
+                    break  # the last chunk, a chunk cut by the read, or an error: slow path
+                if pieces is None:
+                    pieces = [data[start:end]]
+                else:
+                    pieces.append(data[start:end])
+                pos = end + 2
+                if pos == n:
+                    self._piece(pieces[0] if len(pieces) == 1 else b"".join(pieces), t)
+                    return
         while pos < n:
             left = self._left
             if left:  # chunk data

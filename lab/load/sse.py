@@ -14,6 +14,7 @@ are not tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import orjson
 
@@ -36,19 +37,36 @@ def split_events(times: list[int], pieces: list[bytes], end_ns: int | None = Non
                  ) -> tuple[list[int], list[bytes]]:
     """SSE events (without their blank-line terminator) and the arrival time of each: the
     stamp of the piece that completed it. A final unterminated event gets `end_ns`."""
+    body = b"".join(pieces)
+    if b"\r" in body:
+        return _split_events_crlf(times, pieces, end_ns)
+    events = body.split(b"\n\n")
+    tail = events.pop()
+    ev_times: list[int] = []
+    if events:
+        ends = list(accumulate(map(len, pieces)))
+        j = 0
+        pos = 0
+        for ev in events:
+            pos += len(ev) + 2  # just past this event's terminator
+            while ends[j] < pos:
+                j += 1
+            ev_times.append(times[j])
+    if tail.strip():
+        ev_times.append(end_ns if end_ns is not None else (times[-1] if times else 0))
+        events.append(tail)
+    return ev_times, events
+
+
+def _split_events_crlf(times: list[int], pieces: list[bytes], end_ns: int | None
+                       ) -> tuple[list[int], list[bytes]]:
+    """`split_events` for CRLF line endings (rare): piece by piece, normalizing to LF (the
+    unfinished rest is joined to the next piece first, so a CR | LF split is normalized too)."""
     ev_times: list[int] = []
     events: list[bytes] = []
     buf = b""
     for t, p in zip(times, pieces, strict=True):
-        if buf:
-            p = buf + p
-        if b"\r" in p:  # CRLF line endings; a CR at the end may pair with the next piece's LF
-            hold = p.endswith(b"\r")
-            p = p.replace(b"\r\n", b"\n")
-            if hold:
-                p = p[:-1]
-        else:
-            hold = False
+        p = (buf + p).replace(b"\r\n", b"\n")
         start = 0
         while True:
             k = p.find(b"\n\n", start)
@@ -57,9 +75,7 @@ def split_events(times: list[int], pieces: list[bytes], end_ns: int | None = Non
             ev_times.append(t)
             events.append(p[start:k])
             start = k + 2
-        buf = p[start:] if start else p
-        if hold:
-            buf += b"\r"
+        buf = p[start:]
     if buf.strip():
         ev_times.append(end_ns if end_ns is not None else (times[-1] if times else 0))
         events.append(buf)
@@ -85,6 +101,12 @@ def error_message_from_body(body: bytes | None, limit: int = 500) -> str:
         if "detail" in obj:
             return str(obj["detail"])[:limit]
     return body[:limit].decode(errors="replace")
+
+
+# top-level keys of a chunk that `_absorb` has nothing to take from once the id is known
+_PLAIN_KEYS = frozenset({"id", "object", "created", "model", "choices", "system_fingerprint",
+                         "service_tier"})
+_EMPTY: dict = {}
 
 
 def _content(choice: dict) -> bool:
@@ -141,13 +163,23 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
     chunk_times: list[int] = []
     saw_done = False
     if streaming and raw.status == 200:
+        loads = orjson.loads
         for t, ev in zip(*split_events(raw.times, raw.pieces, raw.done_ns), strict=True):
             if ev.startswith(b"data: {") and b"\n" not in ev:  # the usual one-line event
                 try:
-                    obj = orjson.loads(ev[6:])
+                    obj = loads(ev[6:])
                 except orjson.JSONDecodeError:
                     pass
                 else:
+                    # most events: one choice with content and nothing else to record
+                    choices = obj.get("choices")
+                    if (choices and len(choices) == 1 and out["response_id"] is not None
+                            and _PLAIN_KEYS.issuperset(obj)):
+                        c = choices[0]
+                        if c.get("finish_reason") is None and (
+                                c.get("text") or (c.get("delta") or _EMPTY).get("content")):
+                            chunk_times.append(t)
+                            continue
                     if _absorb(obj, out):
                         chunk_times.append(t)
                     continue

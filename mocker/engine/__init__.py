@@ -10,7 +10,7 @@ it is the fastest form of `deterministic_token_id` and the hot path calls it onc
 """
 
 from .config import EngineArgs, load_engine_args
-from .scheduler import EngineMetrics, EngineRequest, PassResult, Scheduler, Signal
+from .scheduler import Burst, EngineMetrics, EngineRequest, PassResult, Scheduler, Signal
 from .sim import run_until_idle
 from .timing import kv_transfer_ms
 from .tokens import (
@@ -22,6 +22,7 @@ from .tokens import (
 )
 
 __all__ = [
+    "Burst",
     "EngineArgs",
     "EngineMetrics",
     "EngineRequest",

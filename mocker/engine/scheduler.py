@@ -101,6 +101,18 @@ class PassResult:
     decode_requests: int = 0  # requests in the decode set (charged decode time)
 
 
+@dataclass(slots=True)
+class Burst:
+    """What `Scheduler.fast_forward` ran: `passes` decode passes back to back from its
+    `now_ms` to `end_ms`; request `keys[i]` produced the tokens `tokens[i]` (in order)."""
+
+    passes: int
+    end_ms: float
+    simulated_ms: float
+    keys: list[str]
+    tokens: list[list[int]]
+
+
 @dataclass(frozen=True)
 class EngineMetrics:
     running: int
@@ -451,6 +463,75 @@ class Scheduler:
         self._last_ms = duration
         self._recent.append((n_batch, duration))
         return PassResult(duration, signals, n_batch, prefill_tokens, n_decode)
+
+    def fast_forward(self, now_ms: float, until_ms: float, max_tokens: int) -> Burst:
+        """Run up to ``max(1, max_tokens // running)`` consecutive passes starting at
+        `now_ms` (so about `max_tokens` tokens of work at most), each one only if
+        it ENDS by `until_ms`, and only while a pass is a plain decode step of every running
+        request: nothing waiting or pending, every running request decode-ready and already
+        reported, none finishing this pass. Stops (possibly after 0 passes) at the first pass
+        that is anything else; the caller runs that one with `step`.
+
+        Equivalent to calling `step` for each of those passes (same tokens, KV allocations,
+        timing, metrics), minus the per-pass `Signal`/`PassResult` objects: the engine loop
+        uses it to catch up when it is behind schedule (speedup 1000 or 0), where the
+        per-pass overhead of `step` with a handful of running requests dominates.
+        """
+        running = self._running
+        keys = [r.key for r in running]
+        outs: list[list[int]] = [[] for _ in running]
+        t = now_ms
+        simulated = 0.0
+        passes = 0
+        if self._pending or self._waiting or not running or len(running) > self._budget:
+            return Burst(0, t, 0.0, keys, outs)
+        decode_ms = self._timing.decode_ms
+        recent = self._recent
+        n = len(running)
+        max_passes = max(1, max_tokens // n)
+        pairs = list(zip(running, outs, strict=True))
+        while passes < max_passes:
+            kv = 0
+            grow = False
+            for r in running:
+                seq = r.seq
+                if (
+                    seq - r.computed > 1
+                    or r.computed < r.prompt_len
+                    or not r.reported
+                    or r.pos + 1 >= r.max_out
+                ):
+                    return Burst(passes, t, simulated, keys, outs)
+                if seq > r.cap:
+                    grow = True
+                kv += seq
+            duration = decode_ms(kv)
+            if t + duration > until_ms:
+                break
+            if grow:
+                for r in running:
+                    # Same pool operations in the same order as `step` would do; on a
+                    # failure `step` redoes this pass from here (earlier grows are kept,
+                    # exactly as `step` would have made them).
+                    if r.seq > r.cap and not self._grow(r, r.seq):
+                        return Burst(passes, t, simulated, keys, outs)
+            for r, out in pairs:
+                pos = r.pos
+                r.computed = seq = r.seq
+                r.pos = pos + 1
+                r.seq = seq + 1
+                out.append(r.token_at(pos))
+            self._now = t
+            self._passes += 1
+            self._tokens += n
+            self._busy_ms += duration
+            self._last_batch = n
+            self._last_ms = duration
+            recent.append((n, duration))
+            simulated += duration
+            t = t + duration
+            passes += 1
+        return Burst(passes, t, simulated, keys, outs)
 
     # ---- helpers ------------------------------------------------------------------------
     def _first_signal(

@@ -113,11 +113,17 @@ class MockerServer:
             self.state.loop.stop()
             await engine_task
         st = self.state
+        m = st.loop.scheduler.metrics()
         log.info(
-            "stopped: streamed %d tokens in %d TokenOutput messages (%.2f per message)",
+            "stopped: streamed %d tokens in %d TokenOutput messages (%.2f per message); "
+            "%d passes (%d fast-forwarded, %d slept to), %.1f tokens per pass",
             st.tokens_streamed,
             st.token_messages,
             st.tokens_streamed / max(st.token_messages, 1),
+            m.passes,
+            st.loop.stats.fast_passes,
+            st.loop.stats.sleeps,
+            m.tokens_emitted / max(m.passes, 1),
         )
 
 

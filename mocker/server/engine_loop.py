@@ -13,13 +13,21 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from mocker.engine import EngineRequest, Scheduler, Signal
+from mocker.engine import Burst, EngineRequest, PassResult, Scheduler, Signal
 
 from .inflight import LiveRequest
 
 #: Behind schedule by more than this (a freeze, a long GC pause): restart the clock at now
 #: instead of bursting back-to-back passes to catch up.
 RESYNC_MS = 250.0
+#: Behind schedule (passes end before the loop gets back to them, as at speedup 1000 or 0),
+#: the loop runs the overdue passes back to back for up to this much wall time per event-loop
+#: turn, then yields once: every stream wakes once per turn and sends all its ready tokens as
+#: one message. On schedule (speedup 1 with a keeping-up client) each pass is delivered at its
+#: own end, so measured ITL stays true.
+#: Work per `Scheduler.fast_forward` call between two wall-clock checks (tokens).
+FAST_FORWARD_TOKENS = 64
+BURST_MS = float(__import__("os").environ.get("MOCKER_BURST_MS", "2.0"))
 
 
 @dataclass
@@ -28,6 +36,8 @@ class LoopStats:
     simulated_ms: float = 0.0  # sum of pass durations actually paced
     busy_wall_s: float = 0.0  # wall time spent in busy stretches (for drift)
     late_ms_max: float = 0.0
+    fast_passes: int = 0  # passes run by Scheduler.fast_forward (catching up)
+    sleeps: int = 0  # passes delivered after sleeping to their end (on schedule)
 
 
 def _now_ms() -> float:
@@ -112,6 +122,19 @@ class EngineLoop:
                 if not w.done():
                     w.set_result(None)
 
+    def _deliver_burst(self, burst: Burst) -> None:
+        live_map = self._live
+        for key, toks in zip(burst.keys, burst.tokens, strict=True):
+            live = live_map.get(key)
+            if live is None:
+                continue
+            live.tokens.extend(toks)
+            w = live.waiter
+            if w is not None:
+                live.waiter = None
+                if not w.done():
+                    w.set_result(None)
+
     async def _idle(self, timeout_s: float | None) -> None:
         self._wake.clear()
         if self._inbox or self._stopping:
@@ -129,6 +152,8 @@ class EngineLoop:
         sched = self.scheduler
         stats = self.stats
         sleep = asyncio.sleep
+        burst_ms = BURST_MS
+        fast_forward = sched.fast_forward
         t_ms: float | None = None  # simulated start of the next pass (perf_counter ms axis)
         busy_since = 0.0
         while not self._stopping:
@@ -153,27 +178,68 @@ class EngineLoop:
                 stats.busy_wall_s += (now - busy_since) / 1000.0
                 t_ms = busy_since = now
             result = sched.step(t_ms)
-            if not result.signals and result.batch_size == 0 and result.duration_ms <= 0.0:
+            if _empty(result):
                 # Nothing schedulable yet (e.g. waiting for a KV transfer): sleep until ready.
-                ready = sched.next_ready_ms()
                 stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                 t_ms = None
-                await self._idle(None if ready is None else max(0.0, (ready - now) / 1000.0))
+                await self._idle_until_ready(now)
                 continue
             end = t_ms + result.duration_ms
-            delay = end - _now_ms()
-            if delay > 0.0:
-                await sleep(delay / 1000.0)
-            else:
-                if -delay > stats.late_ms_max:
-                    stats.late_ms_max = -delay
-                await sleep(0)
-            stats.passes += 1
-            stats.simulated_ms += result.duration_ms
+            now = _now_ms()
+            if end > now:  # on schedule: sleep to the pass end, then deliver
+                stats.sleeps += 1
+                await sleep((end - now) / 1000.0)
+                t_ms = end
+                self._account(result)
+                continue
+            if now - end > stats.late_ms_max:
+                stats.late_ms_max = now - end
             t_ms = end
-            if result.signals:
-                self._deliver(result.signals)
+            self._account(result)
+            # Behind schedule (the pass ended before we got here): keep running the passes
+            # that are overdue too, in this same event-loop turn, for up to BURST_MS. Every
+            # stream then wakes once per turn and sends all its ready tokens as one message.
+            burst_end = now + burst_ms
+            while not self._inbox and not self._stopping and sched.has_work():
+                now = _now_ms()
+                if now >= burst_end or t_ms >= now:
+                    break
+                ff = fast_forward(t_ms, now, FAST_FORWARD_TOKENS)
+                if ff.passes:
+                    t_ms = ff.end_ms
+                    stats.passes += ff.passes
+                    stats.fast_passes += ff.passes
+                    stats.simulated_ms += ff.simulated_ms
+                    self._deliver_burst(ff)
+                    continue
+                result = sched.step(t_ms)
+                if _empty(result):
+                    break  # the outer loop steps again and idles
+                end = t_ms + result.duration_ms
+                if end > now:  # this one is not due yet: let the streams run meanwhile
+                    await sleep((end - now) / 1000.0)
+                    t_ms = end
+                    self._account(result)
+                    break
+                t_ms = end
+                self._account(result)
+            await sleep(0)
         for live in list(self._live.values()):
             if not live.done:
                 live.done = True
                 live.wake()
+
+    def _account(self, result: PassResult) -> None:
+        stats = self.stats
+        stats.passes += 1
+        stats.simulated_ms += result.duration_ms
+        if result.signals:
+            self._deliver(result.signals)
+
+    async def _idle_until_ready(self, now: float) -> None:
+        ready = self.scheduler.next_ready_ms()
+        await self._idle(None if ready is None else max(0.0, (ready - now) / 1000.0))
+
+
+def _empty(result: PassResult) -> bool:
+    return not result.signals and result.batch_size == 0 and result.duration_ms <= 0.0

@@ -204,3 +204,54 @@ def test_metrics_render_prometheus_text() -> None:
     assert 'lab_frontend_inter_token_seconds_count{worker="w0"} 4' in text
     assert 'lab_frontend_worker_inflight_requests{worker="w0"} 2' in text
     assert "# TYPE lab_frontend_ttft_seconds histogram" in text
+
+
+def test_a_lagging_consumer_gets_the_queued_chunks_as_one() -> None:
+    """Dispatcher._consume merges the CHUNKs a stream already holds (drain_ready) into the one
+    it just read: one on_chunk (one SSE event), tokens and logprob lists in order."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from lab.serve.frontend.dispatch import CHUNK, END, Dispatcher, merge_chunks
+
+    class LaggingStream:
+        def __init__(self) -> None:
+            self.queue = [
+                (CHUNK, {"t": [1], "lp": [-0.1]}),
+                (CHUNK, {"t": [2, 3], "lp": [-0.2, -0.3]}),
+                (CHUNK, {"t": [4], "lp": [-0.4]}),
+                (END, {"finish": "length", "usage": None, "error": None}),
+            ]
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if not self.queue:
+                raise StopAsyncIteration
+            return self.queue.pop(0)
+
+        def drain_ready(self) -> list[dict]:
+            out = []
+            while self.queue and self.queue[0][0] == CHUNK:
+                out.append(self.queue.pop(0)[1])
+            return out
+
+        async def cancel(self) -> None:
+            pass
+
+    seen: list[dict] = []
+
+    async def on_chunk(p: dict) -> None:
+        seen.append(p)
+
+    dispatcher = Dispatcher.__new__(Dispatcher)
+    dispatcher._unavailable = (ConnectionError,)
+    worker = SimpleNamespace(worker_id="w0", inflight=0)
+    end = asyncio.run(dispatcher._consume(worker, LaggingStream(), on_chunk, None))
+    assert end["finish"] == "length" and worker.inflight == 0
+    assert seen == [{"t": [1, 2, 3, 4], "lp": [-0.1, -0.2, -0.3, -0.4]}]
+    assert merge_chunks({"t": [1]}, [{"t": [2], "top": [[[5, -1.0]]]}]) == {
+        "t": [1, 2],
+        "top": [[[5, -1.0]]],
+    }

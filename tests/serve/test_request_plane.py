@@ -495,3 +495,30 @@ async def test_split_writes_without_client_nodelay_stall_on_a_persistent_connect
     )
     assert stalled > 25, (stalled, coalesced, nodelay)
     assert coalesced < stalled / 3 and nodelay < stalled / 3, (stalled, coalesced, nodelay)
+
+
+@both_loops
+async def test_drain_ready_takes_queued_chunks_and_leaves_the_end() -> None:
+    """A consumer that fell behind takes every CHUNK already received in one call; the END
+    still comes from the iterator, exactly once, after them."""
+    server = await start_server(counting_handler)
+    client = RequestPlaneClient(server.address, SocketSettings())
+    try:
+        stream = await client.open_stream({"n": 6, "base": 200})
+        assert stream.drain_ready() == []  # nothing received yet: never waits
+        ftype, first = await stream.__anext__()
+        assert ftype == CHUNK
+        async with asyncio.timeout(5):
+            while client.in_flight():  # until the END arrived: then everything is queued
+                await asyncio.sleep(0.01)
+        queued = stream.drain_ready()
+        assert len(queued) >= 1
+        tokens = first["t"] + [t for p in queued for t in p["t"]]
+        assert tokens == [200, 201, 202, 203, 204, 205]
+        assert stream.drain_ready() == []
+        rest = [x async for x in stream]
+        assert [f for f, _ in rest] == [END] and rest[0][1]["usage"]["completion_tokens"] == 6
+        assert stream.ended and stream.drain_ready() == []
+    finally:
+        await client.close()
+        await server.close()

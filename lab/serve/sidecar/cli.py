@@ -21,8 +21,16 @@ def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
 
 def _discovery(ctx: click.Context, param: click.Parameter, value: str) -> str:
     scheme, sep, rest = value.partition(":")
+    if scheme == "etcd":
+        from lab.serve.discovery.etcd_store import parse_etcd_spec
+
+        try:
+            parse_etcd_spec(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+        return value
     if scheme != "file" or not sep or not rest:
-        raise click.BadParameter(f"{value!r}: expected file:DIR")
+        raise click.BadParameter(f"{value!r}: expected file:DIR or etcd://HOST:PORT[/prefix]")
     return value
 
 
@@ -40,7 +48,12 @@ _POSITIVE = click.FloatRange(min=0.001)
     callback=_address,
     help="Request-plane listen address (port 0 = pick a free port; the ready line names it).",
 )
-@click.option("--discovery", required=True, callback=_discovery, help="Registry: file:DIR.")
+@click.option(
+    "--discovery",
+    required=True,
+    callback=_discovery,
+    help="Registry: file:DIR or etcd://HOST:PORT[/prefix].",
+)
 @click.option(
     "--worker-id",
     default="sidecar-0",
@@ -173,5 +186,10 @@ def sidecar(
         ttl_s=ttl,
         stale_load_s=stale_load,
     )
-    code = uvloop.run(Sidecar(config).run())
+    try:
+        code = uvloop.run(Sidecar(config).run())
+    except* OSError as group:  # e.g. EtcdError: discovery unreachable at register/withdraw
+        for exc in group.exceptions:
+            logging.getLogger("lab.serve.sidecar").error("discovery failed: %s", exc)
+        code = 1
     sys.exit(code)
