@@ -188,6 +188,7 @@ class ProbeOptions:
     timeout_s: float = 60.0
     model: str = DEFAULT_MODEL
     target: str | None = None
+    topology: str | None = None  # a TOML topology (e.g. with hosts); each arm changes its sockets
 
 
 def _log(msg: str) -> None:
@@ -239,13 +240,17 @@ async def run_launched(arms: list[Arm], opts: ProbeOptions, out: Path) -> list[d
     from launch.stack import Stack
     from launch.topology import TopologySpec
 
+    base = TopologySpec.from_toml(Path(opts.topology)) if opts.topology else None
     records: list[dict] = []
     for arm in arms:
         assert arm.sockets is not None
-        spec = TopologySpec.aggregated(
-            engines=1, speedup=opts.speedup, sockets=arm.sockets, model=opts.model,
-            name=f"nagle-{arm.name}",
-        )
+        if base is not None:
+            spec = replace(base, sockets=arm.sockets, name=f"nagle-{arm.name}")
+        else:
+            spec = TopologySpec.aggregated(
+                engines=1, speedup=opts.speedup, sockets=arm.sockets, model=opts.model,
+                name=f"nagle-{arm.name}",
+            )
         _log(f"arm {arm.name}: {arm.label} -- launching the stack")
         async with Stack(spec, out / "arms" / arm.name) as stack:
             records.extend(
@@ -525,6 +530,11 @@ def _run_dir(out: Path | None) -> Path:
               "nothing is launched and the arms become traffic shapes.")
 @click.option("--model", default=None,
               help=f"Model name. Required with --target. [default: {DEFAULT_MODEL}]")
+@click.option("--topology", "topology", default=None,
+              type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              help="Launch each arm on this TOML topology (e.g. fleets on network hosts, see "
+              "launch/topology.py) instead of one aggregated engine; each arm changes only the "
+              "socket settings. --speedup is then the file's.")
 @click.option("--reanalyse", "reanalyse_dir", default=None,
               type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Send nothing: recompute nagle.json, plots and report.md of an earlier "
@@ -544,6 +554,7 @@ def nagle(
     timeout_s: float,
     target: str | None,
     model: str | None,
+    topology: Path | None,
     reanalyse_dir: Path | None,
 ) -> None:
     """Probe the idle-connection Nagle / delayed-ACK stall and give a verdict with numbers.
@@ -582,7 +593,18 @@ def nagle(
         requests=n_requests, many=many, threshold_ms=threshold_ms, speedup=speedup, isl=isl,
         osl=osl, seed=seed, warmup=warmup, timeout_s=timeout_s, model=model or DEFAULT_MODEL,
         target=target.rstrip("/") if target else None,
+        topology=str(topology) if topology else None,
     )
+    if topology is not None and external:
+        raise click.UsageError("--topology launches a stack; it cannot be combined with --target")
+    if topology is not None:
+        from launch.errors import TopologyError
+        from launch.topology import TopologySpec
+
+        try:
+            TopologySpec.from_toml(topology)
+        except (TopologyError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--topology") from exc
     import uvloop
 
     if external:

@@ -513,7 +513,7 @@ class Scheduler:
                     # Same pool operations in the same order as `step` would do; on a
                     # failure `step` redoes this pass from here (earlier grows are kept,
                     # exactly as `step` would have made them).
-                    if False and r.seq > r.cap and not self._grow(r, r.seq):
+                    if r.seq > r.cap and not self._grow(r, r.seq):
                         return Burst(passes, t, simulated, keys, outs)
             for r, out in pairs:
                 pos = r.pos
