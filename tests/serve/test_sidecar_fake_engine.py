@@ -377,3 +377,32 @@ async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_pa
         assert end["error"] is None and len(tokens) == 19
         async with asyncio.timeout(10):
             assert await task == 0
+
+
+async def test_a_failing_withdraw_does_not_skip_the_drain(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """Discovery down at shutdown (e.g. etcd gone): log it, still drain in-flight work, exit 0."""
+    from lab.serve.discovery.file_store import FileRegistry
+
+    async def broken_withdraw(self, worker_id: str) -> None:
+        raise OSError("discovery store unreachable")
+
+    async def slowish(request, context):
+        for i in range(request.stopping.max_tokens):
+            yield tok(i)
+            await asyncio.sleep(0.05)
+        yield fin()
+
+    engine = FakeEngine()
+    engine.script = slowish
+    async with stack(tmp_path, engine, grace_period_s=0.3) as (sidecar, task, client, _, _):
+        monkeypatch.setattr(FileRegistry, "withdraw", broken_withdraw)
+        long_stream = await client.open_stream(request("r-long", max_tokens=10))
+        await anext(long_stream)
+        sidecar._stop.set()  # what the SIGTERM handler does
+        tokens, end = await collect(long_stream)
+        assert end["error"] is None and len(tokens) == 9
+        async with asyncio.timeout(10):
+            assert await task == 0
+    assert any("withdraw failed" in r.getMessage() for r in caplog.records)

@@ -293,7 +293,11 @@ class Sidecar:
             lost = loss.resolved and not self._stop.is_set()
             # Withdraw first (stop the heartbeat so it cannot re-publish the record).
             heartbeat.cancel()
-            await registry.withdraw(self.worker_id)
+            try:
+                await registry.withdraw(self.worker_id)
+            except OSError as exc:
+                # The drain must still happen: the record expires on its own (TTL / lease).
+                log.error("discovery withdraw failed (the record will expire): %s", exc)
             if lost:
                 exit_code = 1
                 log.error(loss.message())
