@@ -359,6 +359,9 @@ class _Slot:
                     raw.done_ns = perf()
                     conn = None
                     self.current = None
+                    if self.conn is not None:
+                        self.conn.close()
+                        self.conn = None
                 if conn is None:
                     _, isl, osl, streaming = d.payloads.get(i)
                     self.finished.append((i, scheduled, isl, osl, streaming, raw))

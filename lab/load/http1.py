@@ -1,7 +1,7 @@
 """A minimal HTTP/1.1 client connection on asyncio.Protocol, for the load client's hot path.
 
 Why not aiohttp: against a server that sends one SSE chunk per token, aiohttp wakes a coroutine
-per chunk (~20 us each), which alone breaks the client's CPU budget. Here the work per read is
+per chunk, and that dominates the client's CPU per request. Here the work per read is
 done inside `data_received`: one `perf_counter_ns()` stamp, the chunked-encoding framing (a
 `find` and an `int(.., 16)` per chunk), and appending (stamp, bytes). SSE events are split and
 JSON is parsed later, off the hot path (`lab.load.sse`). The owner learns that a response is

@@ -148,6 +148,7 @@ class _Req:
         "hashes",
         "key",
         "kv_present",
+        "many",
         "max_out",
         "n_full",
         "n_shared",
@@ -170,6 +171,7 @@ class _Req:
         self.prompt_len = len(req.prompt)
         self.max_out = max_out
         self.token_at = req.token_at
+        self.many = getattr(req.token_at, "many", None)  # batch form (see tokens.token_deriver)
         self.pos = req.first_position  # next position to emit
         self.seq = self.prompt_len + self.pos  # known sequence length (prompt + outputs)
         self.cap = 0  # tokens the held blocks can store
@@ -466,72 +468,90 @@ class Scheduler:
 
     def fast_forward(self, now_ms: float, until_ms: float, max_tokens: int) -> Burst:
         """Run up to ``max(1, max_tokens // running)`` consecutive passes starting at
-        `now_ms` (so about `max_tokens` tokens of work at most), each one only if
-        it ENDS by `until_ms`, and only while a pass is a plain decode step of every running
-        request: nothing waiting or pending, every running request decode-ready and already
-        reported, none finishing this pass. Stops (possibly after 0 passes) at the first pass
-        that is anything else; the caller runs that one with `step`.
+        `now_ms` (so about `max_tokens` tokens of work at most), each one only if it ENDS by
+        `until_ms`, and only while a pass is a plain decode step of every running request:
+        nothing waiting or pending, every running request decode-ready and already reported,
+        none finishing in it. Stops (possibly after 0 passes) at the first pass that is
+        anything else; the caller runs that one with `step`.
 
-        Equivalent to calling `step` for each of those passes (same tokens, KV allocations,
-        timing, metrics), minus the per-pass `Signal`/`PassResult` objects: the engine loop
-        uses it to catch up when it is behind schedule (speedup 1000 or 0), where the
-        per-pass overhead of `step` with a handful of running requests dominates.
+        Equivalent to calling `step` for each of those passes (same tokens, KV allocations in
+        the same order, timing, metrics, also between calls), minus the per-pass `Signal` and
+        `PassResult` objects, and each request's tokens are derived in one tight loop. The
+        engine loop uses it to catch up when it is behind schedule (speedup 1000 or 0), where
+        the per-pass overhead of `step` with a handful of running requests dominates.
         """
         running = self._running
         keys = [r.key for r in running]
-        outs: list[list[int]] = [[] for _ in running]
-        t = now_ms
-        simulated = 0.0
-        passes = 0
-        if self._pending or self._waiting or not running or len(running) > self._budget:
-            return Burst(0, t, 0.0, keys, outs)
-        decode_ms = self._timing.decode_ms
-        recent = self._recent
         n = len(running)
-        max_passes = max(1, max_tokens // n)
-        pairs = list(zip(running, outs, strict=True))
-        while passes < max_passes:
-            kv = 0
-            grow = False
-            for r in running:
-                seq = r.seq
-                if (
-                    seq - r.computed > 1
-                    or r.computed < r.prompt_len
-                    or not r.reported
-                    or r.pos + 1 >= r.max_out
-                ):
-                    return Burst(passes, t, simulated, keys, outs)
-                if seq > r.cap:
-                    grow = True
-                kv += seq
+        if self._pending or self._waiting or not n or n > self._budget:
+            return Burst(0, now_ms, 0.0, keys, [[] for _ in running])
+        # Every pass adds one token to each request: limits are known up front.
+        limit = max(1, max_tokens // n)
+        kv = 0
+        room = 1 << 62  # passes before some request needs another block
+        for r in running:
+            seq = r.seq
+            if seq - r.computed > 1 or r.computed < r.prompt_len or not r.reported:
+                return Burst(0, now_ms, 0.0, keys, [[] for _ in running])
+            left = r.max_out - 1 - r.pos  # passes before its finishing one
+            if left < limit:
+                limit = left
+            if r.cap - seq < room:
+                room = r.cap - seq
+            kv += seq
+        decode_ms = self._timing.scaled_decode_ms
+        recent = self._recent
+        pool = self._pool
+        bs = self._bs
+        busy = self._busy_ms
+        t = now_ms
+        last = 0.0
+        passes = 0
+        # Phase 1: pace the passes and make their KV allocations, pass by pass (the pool
+        # sees the same operations in the same order as from `step`).
+        while passes < limit:
             duration = decode_ms(kv)
             if t + duration > until_ms:
                 break
-            if grow:
-                for r in running:
-                    # Same pool operations in the same order as `step` would do; on a
-                    # failure `step` redoes this pass from here (earlier grows are kept,
-                    # exactly as `step` would have made them).
-                    if r.seq > r.cap and not self._grow(r, r.seq):
-                        return Burst(passes, t, simulated, keys, outs)
-            for r, out in pairs:
-                pos = r.pos
-                r.computed = seq = r.seq
-                r.pos = pos + 1
-                r.seq = seq + 1
-                out.append(r.token_at(pos))
-            self._now = t
-            self._passes += 1
-            self._tokens += n
-            self._busy_ms += duration
-            self._last_batch = n
-            self._last_ms = duration
+            if room < 0:
+                # Allocate only if every request that needs a block this pass gets it;
+                # otherwise leave the pass (and its allocation failure) to `step`.
+                growing = [r for r in running if r.seq + passes > r.cap]
+                need = sum([-(-(r.seq + passes) // bs) - r.n_shared - r.private for r in growing])
+                if need > pool.free:
+                    break
+                for r in growing:
+                    self._grow(r, r.seq + passes)
+                room = min([r.cap - r.seq for r in running]) - passes
             recent.append((n, duration))
-            simulated += duration
+            busy += duration
+            last = duration
+            self._now = t
             t = t + duration
+            kv += n
+            room -= 1
             passes += 1
-        return Burst(passes, t, simulated, keys, outs)
+        if not passes:
+            return Burst(0, now_ms, 0.0, keys, [[] for _ in running])
+        # Phase 2: advance each request by `passes` positions and derive its tokens.
+        outs: list[list[int]] = []
+        for r in running:
+            pos = r.pos
+            many = r.many
+            outs.append(
+                many(pos, passes)
+                if many is not None
+                else [r.token_at(p) for p in range(pos, pos + passes)]
+            )
+            r.pos = pos + passes
+            r.seq += passes
+            r.computed = r.seq - 1
+        self._passes += passes
+        self._tokens += n * passes
+        self._busy_ms = busy
+        self._last_batch = n
+        self._last_ms = last
+        return Burst(passes, t, t - now_ms, keys, outs)
 
     # ---- helpers ------------------------------------------------------------------------
     def _first_signal(

@@ -119,7 +119,14 @@ def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D]:
 class TimingModel:
     """Computes scaled (already divided by speedup) prefill and decode times of a pass."""
 
-    __slots__ = ("_decode", "_decode_div", "_prefill", "_prefill_div", "_total_kv_tokens")
+    __slots__ = (
+        "_decode",
+        "_decode_div",
+        "_prefill",
+        "_prefill_div",
+        "_total_kv_tokens",
+        "scaled_decode_ms",
+    )
 
     def __init__(self, args: EngineArgs) -> None:
         self._total_kv_tokens = float(args.num_gpu_blocks * args.block_size)
@@ -143,6 +150,23 @@ class TimingModel:
             decode = lambda kv: polynomial_decode_ms(kv / total)  # noqa: E731
         self._prefill = prefill
         self._decode = decode
+        #: `decode_ms` as one flat function (the scheduler's fast-forward calls it per pass);
+        #: the same arithmetic in the same order, so the same floats.
+        self.scaled_decode_ms: Callable[[int], float]
+        div = self._decode_div
+        if div == 0:
+            self.scaled_decode_ms = lambda kv: 0.0
+        elif kind not in ("fixed", "profile"):
+            total = self._total_kv_tokens
+
+            def scaled_decode_ms(kv: int) -> float:
+                p = kv / total
+                ms = DECODE_A * p * p + DECODE_B * p + DECODE_C
+                return (ms if ms > DECODE_FLOOR_MS else DECODE_FLOOR_MS) / div
+
+            self.scaled_decode_ms = scaled_decode_ms
+        else:
+            self.scaled_decode_ms = lambda kv: decode(kv) / div
 
     def prefill_ms(self, new_tokens: int) -> float:
         """Scaled prefill time for a pass with `new_tokens` new prompt tokens."""

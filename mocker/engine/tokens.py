@@ -40,7 +40,11 @@ def deterministic_token_id(seed: int, request_id: str, position: int) -> int:
 
 def token_deriver(seed: int, request_id: str) -> Callable[[int], int]:
     """A `position -> token id` function equal to `deterministic_token_id(seed, request_id, .)`,
-    with the seed/request-id prefix absorbed into the hasher once."""
+    with the seed/request-id prefix absorbed into the hasher once.
+
+    It also has a `many(first, count)` attribute: the tokens of positions first..first+count-1
+    (still one hash per token, in a tight loop; the scheduler's fast-forward uses it).
+    """
     copy = blake3(_prefix(seed, request_id)).copy
     pack = _U64.pack
     unpack = _U32.unpack
@@ -50,6 +54,16 @@ def token_deriver(seed: int, request_id: str) -> Callable[[int], int]:
         h.update(pack(position))
         return TOKEN_ID_BASE + unpack(h.digest(4))[0] % TOKEN_ID_SPAN
 
+    def many(first: int, count: int) -> list[int]:
+        out = []
+        append = out.append
+        for position in range(first, first + count):
+            h = copy()
+            h.update(pack(position))
+            append(TOKEN_ID_BASE + unpack(h.digest(4))[0] % TOKEN_ID_SPAN)
+        return out
+
+    token_at.many = many  # type: ignore[attr-defined]
     return token_at
 
 

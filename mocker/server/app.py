@@ -58,9 +58,7 @@ class MockerServer:
         fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
-        import json, os  # noqa: E401  (TEMP experiment hook)
-        extra = [tuple(x) for x in json.loads(os.environ.get("MOCKER_GRPC_OPTS", "[]"))]
-        self.server = grpc.aio.server(options=SERVER_OPTIONS + extra)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
         add_inference(Inference(self.state), self.server)
         openengine_pb2_grpc.add_ControlServicer_to_server(Control(self.state), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

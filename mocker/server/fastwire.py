@@ -14,12 +14,16 @@ to the message protobuf would have built.
 
 from __future__ import annotations
 
-from mocker.engine import token_text
-
 from .tokens_out import text_of
 
 _CACHE_LIMIT = 65536
+#: Ids below this get flat lookup tables (the deterministic range is [1000, 32000)).
+TABLE_SIZE = 32000
 _pieces: dict[int, tuple[bytes, bytes]] = {}
+# Per-id encoded `tokens` entry and UTF-8 text, indexed by id (None until warmed): lets
+# `token_event` assemble a whole event with two C-level joins and no per-token Python code.
+_entry_of: list[bytes | None] = [None] * TABLE_SIZE
+_text_of: list[bytes | None] = [None] * TABLE_SIZE
 
 
 def varint(n: int) -> bytes:
@@ -33,26 +37,30 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+def _encode(token_id: int) -> tuple[bytes, bytes]:
+    text = text_of(token_id).encode()
+    info = b"\x08" + varint(token_id) + b"\x12" + varint(len(text)) + text
+    return b"\x12" + varint(len(info)) + info, text
+
+
 def _piece(token_id: int) -> tuple[bytes, bytes]:
     """(the encoded `tokens` entry of TokenOutput, the token's UTF-8 text)."""
     p = _pieces.get(token_id)
     if p is None:
-        text = text_of(token_id).encode()
-        info = b"\x08" + varint(token_id) + b"\x12" + varint(len(text)) + text
-        p = (b"\x12" + varint(len(info)) + info, text)
+        p = _encode(token_id)
         if len(_pieces) < _CACHE_LIMIT:
             _pieces[token_id] = p
+        if token_id < TABLE_SIZE:
+            _entry_of[token_id], _text_of[token_id] = p
     return p
 
 
-def warm(first: int = 1000, end: int = 32000) -> None:
+def warm(first: int = 1000, end: int = TABLE_SIZE) -> None:
     """Precompute the pieces of the deterministic token range [1000, 32000) (~0.1 s), so the
     stream never pays a first-sight encoding on the hot path."""
-    for t in range(first, end):
-        if t not in _pieces:
-            text = token_text(t).encode()
-            info = b"\x08" + varint(t) + b"\x12" + varint(len(text)) + text
-            _pieces[t] = (b"\x12" + varint(len(info)) + info, text)
+    for t in range(first, min(end, TABLE_SIZE)):
+        if _entry_of[t] is None:
+            _entry_of[t], _text_of[t] = _encode(t)
 
 
 def response_prefix(request_id: str) -> bytes:
@@ -62,22 +70,17 @@ def response_prefix(request_id: str) -> bytes:
 
 
 def token_event(prefix: bytes, tokens: list[int]) -> bytes:
-    """GenerateResponse{request_id, token: TokenOutput{output_index: 0, tokens, text}}."""
-    get = _pieces.get
-    if len(tokens) == 1:
-        t = tokens[0]
-        entry, text = get(t) or _piece(t)
-        body = b"".join((b"\x08\x00", entry, b"\x1a", varint(len(text)), text))
-    else:
-        entries = []
-        texts = []
-        for t in tokens:
-            entry, text = get(t) or _piece(t)
-            entries.append(entry)
-            texts.append(text)
-        text = b"".join(texts)
-        entries.append(b"\x1a")
-        entries.append(varint(len(text)))
-        entries.append(text)
-        body = b"\x08\x00" + b"".join(entries)
+    """GenerateResponse{request_id, token: TokenOutput{output_index: 0, tokens, text}}.
+
+    Token ids are uint32 (never negative). Fast path: every id is in the warmed tables; any
+    other id (out of range, or not seen yet) takes the per-token path.
+    """
+    try:
+        entries = b"".join(map(_entry_of.__getitem__, tokens))
+        text = b"".join(map(_text_of.__getitem__, tokens))
+    except (IndexError, TypeError):
+        parts = [_piece(t) for t in tokens]
+        entries = b"".join([e for e, _ in parts])
+        text = b"".join([x for _, x in parts])
+    body = b"".join((b"\x08\x00", entries, b"\x1a", varint(len(text)), text))
     return b"".join((prefix, b"\x1a", varint(len(body)), body))

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from mocker.engine import EngineArgs, EngineRequest, Scheduler
 from mocker.engine.tokens import token_deriver
 
+advance = st.tuples(
+    st.just("advance"),
+    st.integers(1, 80),  # max tokens of the fast-forward
+    st.sampled_from([0.0, 0.5, 3.0, 40.0, float("inf")]),  # horizon past now (ms)
+)
 op = st.one_of(
+    advance,
+    advance,
+    advance,
     st.tuples(
         st.just("add"),
         st.integers(1, 40),  # prompt length
@@ -24,11 +32,6 @@ op = st.one_of(
         st.booleans(),  # handoff (kv transferred, first position 1)
     ),
     st.tuples(st.just("cancel"), st.integers(0, 30)),
-    st.tuples(
-        st.just("advance"),
-        st.integers(1, 80),  # max tokens of the fast-forward
-        st.sampled_from([0.0, 0.5, 3.0, 40.0, float("inf")]),  # horizon past now (ms)
-    ),
 )
 
 
@@ -45,14 +48,14 @@ def _request(i: int, plen: int, max_out: int, family: int, handoff: bool) -> Eng
     )
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     engine_type=st.sampled_from(["trtllm", "vllm"]),
     blocks=st.integers(6, 40),
     budget=st.integers(2, 64),
     seqs=st.integers(1, 6),
     caching=st.booleans(),
-    ops=st.lists(op, max_size=40),
+    ops=st.lists(op, min_size=20, max_size=60),
 )
 def test_fast_forward_equals_repeated_steps(
     engine_type: str, blocks: int, budget: int, seqs: int, caching: bool, ops: list[tuple]

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lab.wire import constants as wc
 from lab.wire.gen.openengine.v1 import generation_pb2 as g
-from mocker.server.fastwire import response_prefix, token_event, varint
+from mocker.server.fastwire import response_prefix, token_event, varint, warm
 from mocker.server.handoff import stamp_session, validate_session
 from mocker.server.tokens_out import Candidates
 
@@ -30,6 +30,18 @@ def test_hand_encoded_token_events_parse_to_the_protobuf_message(request_id, tok
     parsed = g.GenerateResponse.FromString(raw)
     assert parsed == reference_event(request_id, tokens)
     assert parsed.token.HasField("output_index")
+
+
+@given(
+    tokens=st.lists(
+        st.one_of(st.integers(1000, 31999), st.integers(0, 2**32 - 1)), min_size=1, max_size=300
+    ),
+)
+def test_warmed_token_events_parse_to_the_protobuf_message(tokens):
+    """The flat-table fast path (ids in the warmed range) and its fallback agree with protobuf."""
+    warm()
+    raw = token_event(response_prefix("req-1"), tokens)
+    assert g.GenerateResponse.FromString(raw) == reference_event("req-1", tokens)
 
 
 def test_varint_matches_protobuf():
