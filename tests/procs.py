@@ -41,9 +41,9 @@ class Proc:
                     self.ready = fields
                     return fields
             if self.popen.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.popen.returncode} before ready:\n{self.log()[-3000:]}"
-                )
+                code = self.popen.returncode
+                tail = self.log()[-3000:]
+                raise RuntimeError(f"{self.name} exited with {code} before ready:\n{tail}")
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} not ready in {timeout}s:\n{self.log()[-3000:]}")
 
