@@ -59,6 +59,12 @@ def pass_costs(sizes: tuple[int, ...] = PASS_SIZES) -> dict[int, float]:
     return {n: bench_pass_cost(n) for n in sizes}
 
 
+def fast_forward_costs(sizes: tuple[int, ...] = PASS_SIZES) -> dict[int, float]:
+    from mocker.engine.bench import bench_fast_forward_cost
+
+    return {n: bench_fast_forward_cost(n) for n in sizes}
+
+
 async def measure_drift(seconds: float, running: int = DRIFT_RUNNING) -> DriftResult:
     """Run the real EngineLoop (with per-request delivery) at speedup 1 for `seconds`."""
     from mocker.engine import EngineArgs
@@ -172,6 +178,9 @@ def run_bench(
     if "pass" in parts:
         print("(a) scheduler pass cost (speedup 0, decode passes):")
         for n, us in pass_costs().items():
+            print(f"    {n:4d} running: {us:9.1f} us/pass  ({us / n:6.2f} us/sequence)")
+        print("    the same decode passes run by fast_forward (catching up, e.g. speedup 1000):")
+        for n, us in fast_forward_costs().items():
             print(f"    {n:4d} running: {us:9.1f} us/pass  ({us / n:6.2f} us/sequence)")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         if "drift" in parts:

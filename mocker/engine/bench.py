@@ -1,7 +1,9 @@
 """Cost of one scheduler pass (the engine loop's hot path), for `mocker bench`.
 
 `bench_pass_cost(running)` reports microseconds per `Scheduler.step` with `running` decode
-sequences (speedup 0, deterministic BLAKE3 tokens, one Signal per request per pass).
+sequences (speedup 0, deterministic BLAKE3 tokens, one Signal per request per pass);
+`bench_fast_forward_cost(running)` the same passes run by `Scheduler.fast_forward` (what the
+engine loop uses to catch up when it is behind schedule, e.g. at speedup 1000).
 `long_running_scheduler(n)` builds a scheduler whose n requests decode for a long time; the
 server side uses it for the wall-clock drift measurement.
 """
@@ -84,4 +86,25 @@ def bench_pass_cost(
         for _ in range(passes):
             step(0.0)
         best = min(best, (clock() - t0) / passes / 1000.0)
+    return best
+
+
+def bench_fast_forward_cost(
+    running: int, *, passes: int | None = None, repeats: int = 7, cpu: bool = False
+) -> float:
+    """Microseconds per decode pass run by `Scheduler.fast_forward` with `running` sequences
+    (best of `repeats` batches of `passes` passes, like `bench_pass_cost`)."""
+    if passes is None:
+        passes = max(50, 5000 // max(running, 1))
+    sched = long_running_scheduler(running)
+    passes = max(1, min(passes, (max_output_for(sched.args, running) - 2) // repeats))
+    clock = time.thread_time_ns if cpu else time.perf_counter_ns
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = clock()
+        burst = sched.fast_forward(0.0, float("inf"), passes * running)
+        elapsed = clock() - t0
+        if burst.passes != passes:
+            raise RuntimeError(f"fast_forward ran {burst.passes} of {passes} passes")
+        best = min(best, elapsed / passes / 1000.0)
     return best

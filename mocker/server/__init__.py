@@ -7,7 +7,9 @@ Modules, one job each:
 * `config`      - server defaults (`ServerConfig`); engine defaults live in mocker.engine.config.
 * `validation`  - request preparation: every pre-acceptance check, as gRPC statuses, in order.
 * `handoff`     - the prefill stamp and the decode leg's strict KvSessionRef validation.
-* `engine_loop` - the asyncio task that owns the Scheduler, paced by absolute deadlines.
+* `engine_loop` - the asyncio task that owns the Scheduler, paced by absolute deadlines; when
+                  behind schedule it runs the overdue passes in one loop turn (delivery rule
+                  in its docstring), so streams send many tokens per message.
 * `inflight`    - per-request state, the single abort claim and the `Exit` enum.
 * `inference`   - Generate: streaming, coalescing, and the one terminal event.
 * `fastwire`    - hand-encoded token events for the hot path.

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from mocker.engine.bench import bench_pass_cost, long_running_scheduler, max_output_for
+from mocker.engine.bench import (
+    bench_fast_forward_cost,
+    bench_pass_cost,
+    long_running_scheduler,
+    max_output_for,
+)
 
 
 def test_long_running_scheduler_is_all_decoding() -> None:
@@ -23,4 +28,9 @@ def test_bench_outputs_fit_the_pool_together() -> None:
 
 def test_bench_pass_cost_reports_microseconds() -> None:
     us = bench_pass_cost(4, passes=20, repeats=2)
+    assert 0.0 < us < 100_000.0
+
+
+def test_bench_fast_forward_cost_reports_microseconds() -> None:
+    us = bench_fast_forward_cost(4, passes=20, repeats=2)
     assert 0.0 < us < 100_000.0

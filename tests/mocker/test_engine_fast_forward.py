@@ -7,7 +7,7 @@ metrics, KV pool and clocks must be identical.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -48,6 +48,59 @@ def _request(i: int, plen: int, max_out: int, family: int, handoff: bool) -> Eng
     )
 
 
+class Twins:
+    """A `step`-only scheduler and a fast-forwarding one, driven in lockstep and compared."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        self.ref, self.fast = Scheduler(args), Scheduler(args)
+        self.ref_tokens: dict[str, list[int]] = {}
+        self.fast_tokens: dict[str, list[int]] = {}
+        self.t_ref = self.t_fast = 0.0
+        self.fast_passes = 0
+
+    def add(self, req: EngineRequest) -> None:
+        self.ref.add(req)
+        self.fast.add(replace(req))
+
+    def cancel(self, key: str) -> None:
+        assert self.ref.cancel(key) == self.fast.cancel(key)
+
+    def _ref_step(self) -> None:
+        res = self.ref.step(self.t_ref)
+        for s in res.signals:
+            if s.token_id is not None:
+                self.ref_tokens.setdefault(s.key, []).append(s.token_id)
+        self.t_ref += res.duration_ms
+
+    def advance(self, max_tokens: int, horizon: float) -> None:
+        fast = self.fast
+        burst = fast.fast_forward(self.t_fast, self.t_fast + horizon, max_tokens)
+        if burst.passes:
+            self.fast_passes += burst.passes
+            assert burst.end_ms <= self.t_fast + horizon
+            assert all(len(toks) == burst.passes for toks in burst.tokens)
+            for key, toks in zip(burst.keys, burst.tokens, strict=True):
+                self.fast_tokens.setdefault(key, []).extend(toks)
+            assert abs(burst.simulated_ms - (burst.end_ms - self.t_fast)) < 1e-9
+            self.t_fast = burst.end_ms
+            for _ in range(burst.passes):
+                self._ref_step()
+        else:
+            res = fast.step(self.t_fast)
+            for s in res.signals:
+                if s.token_id is not None:
+                    self.fast_tokens.setdefault(s.key, []).append(s.token_id)
+            self.t_fast += res.duration_ms
+            self._ref_step()
+
+    def check(self) -> None:
+        assert self.fast_tokens == self.ref_tokens
+        assert self.t_fast == self.t_ref
+        assert asdict(self.fast.metrics()) == asdict(self.ref.metrics())
+        assert self.fast.next_ready_ms() == self.ref.next_ready_ms()
+        self.fast._pool.check()
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     engine_type=st.sampled_from(["trtllm", "vllm"]),
@@ -60,67 +113,46 @@ def _request(i: int, plen: int, max_out: int, family: int, handoff: bool) -> Eng
 def test_fast_forward_equals_repeated_steps(
     engine_type: str, blocks: int, budget: int, seqs: int, caching: bool, ops: list[tuple]
 ) -> None:
-    args = EngineArgs.from_json(
-        {
-            "engine_type": engine_type,
-            "block_size": 4,
-            "num_gpu_blocks": blocks,
-            "max_num_batched_tokens": budget,
-            "max_num_seqs": seqs,
-            "enable_prefix_caching": caching,
-            "speedup_ratio": 1.0,
-        }
+    twins = Twins(
+        EngineArgs.from_json(
+            {
+                "engine_type": engine_type,
+                "block_size": 4,
+                "num_gpu_blocks": blocks,
+                "max_num_batched_tokens": budget,
+                "max_num_seqs": seqs,
+                "enable_prefix_caching": caching,
+                "speedup_ratio": 1.0,
+            }
+        )
     )
-    ref, fast = Scheduler(args), Scheduler(args)
-    ref_tokens: dict[str, list[int]] = {}
-    fast_tokens: dict[str, list[int]] = {}
-    t_ref = t_fast = 0.0
     added = 0
-    fast_forwarded = 0
-
-    def record(tokens: dict[str, list[int]], key: str, token: int | None) -> None:
-        if token is not None:
-            tokens.setdefault(key, []).append(token)
-
-    def ref_step() -> None:
-        nonlocal t_ref
-        res = ref.step(t_ref)
-        for s in res.signals:
-            record(ref_tokens, s.key, s.token_id)
-        t_ref += res.duration_ms
-
     for o in ops:
         if o[0] == "add":
-            for s in (ref, fast):
-                s.add(_request(added, *o[1:]))
+            twins.add(_request(added, *o[1:]))
             added += 1
         elif o[0] == "cancel":
-            key = f"r{o[1]}"
-            assert ref.cancel(key) == fast.cancel(key)
+            twins.cancel(f"r{o[1]}")
         else:
-            _, max_tokens, horizon = o
-            burst = fast.fast_forward(t_fast, t_fast + horizon, max_tokens)
-            if burst.passes:
-                fast_forwarded += burst.passes
-                assert burst.end_ms <= t_fast + horizon
-                assert all(len(toks) == burst.passes for toks in burst.tokens)
-                for key, toks in zip(burst.keys, burst.tokens, strict=True):
-                    fast_tokens.setdefault(key, []).extend(toks)
-                assert abs(burst.simulated_ms - (burst.end_ms - t_fast)) < 1e-9
-                t_fast = burst.end_ms
-                for _ in range(burst.passes):
-                    ref_step()
-            else:
-                res = fast.step(t_fast)
-                for s in res.signals:
-                    record(fast_tokens, s.key, s.token_id)
-                t_fast += res.duration_ms
-                ref_step()
-        assert fast_tokens == ref_tokens
-        assert t_fast == t_ref
-        assert asdict(fast.metrics()) == asdict(ref.metrics())
-        assert fast.next_ready_ms() == ref.next_ready_ms()
-        fast._pool.check()
+            twins.advance(o[1], o[2])
+        twins.check()
+
+
+def test_fast_forward_leaves_a_pass_whose_blocks_do_not_fit_to_step():
+    """vllm, decode outgrowing the pool: the pass that cannot allocate (and preempts) is
+    `step`'s, and nothing is allocated for it ahead of time."""
+    twins = Twins(
+        EngineArgs.from_json(
+            {"engine_type": "vllm", "block_size": 4, "num_gpu_blocks": 8, "speedup_ratio": 1.0}
+        )
+    )
+    twins.add(_request(0, 10, 40, 0, False))
+    twins.add(_request(1, 10, 40, 1, False))
+    for _ in range(60):
+        twins.advance(64, float("inf"))
+        twins.check()
+    assert twins.fast_passes > 0
+    assert twins.fast.metrics().preemptions > 0
 
 
 def test_fast_forward_runs_decode_passes_and_stops_where_step_must_take_over():
