@@ -21,15 +21,12 @@ Delivery rule (what makes a stream send several tokens in one message):
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from mocker.engine import Burst, EngineRequest, PassResult, Scheduler, Signal
 
 from .inflight import LiveRequest
-from .timer import PreciseSleeper
 
 #: Behind schedule by more than this (a freeze, a long GC pause): restart the clock at now
 #: instead of bursting back-to-back passes to catch up.
@@ -162,19 +159,9 @@ class EngineLoop:
             handle.cancel()
 
     async def run(self) -> None:
-        sleeper = PreciseSleeper()
-        import os as _o
-        if _o.environ.get("HL_OLD"): sleeper.close()
-        try:
-            await self._run(sleeper.sleep_until_ns)
-        finally:
-            sleeper.close()
-
-    async def _run(self, sleep_until_ns: Callable[[int], Awaitable[None]]) -> None:
-        """`sleep_until_ns` wakes at a pass end to ~0.2 ms (asyncio.sleep: ~0.7 ms late on
-        average, which every TTFT would carry; see timer.py)."""
         sched = self.scheduler
         stats = self.stats
+        sleep = asyncio.sleep
         burst_ms = BURST_MS
         fast_forward = sched.fast_forward
         t_ms: float | None = None  # simulated start of the next pass (perf_counter ms axis)
@@ -211,7 +198,7 @@ class EngineLoop:
             now = _now_ms()
             if end > now:  # on schedule: sleep to the pass end, then deliver
                 stats.sleeps += 1
-                await sleep_until_ns(math.ceil(end * 1e6))
+                await sleep((end - now) / 1000.0)
                 t_ms = end
                 self._account(result)
                 continue
@@ -242,7 +229,7 @@ class EngineLoop:
                     break
                 end = t_ms + result.duration_ms
                 if end > now:  # this one is not due yet: let the streams run meanwhile
-                    await sleep_until_ns(math.ceil(end * 1e6))
+                    await sleep((end - now) / 1000.0)
                     t_ms = end
                     self._account(result)
                     break
@@ -253,7 +240,7 @@ class EngineLoop:
                 t_ms = None
                 await self._idle_until_ready(now)
                 continue
-            await asyncio.sleep(0)
+            await sleep(0)
         for live in list(self._live.values()):
             if not live.done:
                 live.done = True
