@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import resource
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -454,6 +455,8 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
     errors = ctx.Value("q", 0)
     shares = _split(concurrency, options.procs)
     children = []
+    stop = threading.Event()  # tells the threads waiting on children's pipes to give up
+    completed = False
     try:
         for k, share in enumerate(shares):
             parent_end, child_end = ctx.Pipe()
@@ -464,20 +467,22 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
             child_end.close()
             children.append((p, parent_end))
         for p, end in children:
-            msg = await asyncio.to_thread(_recv, end, p)
+            msg = await asyncio.to_thread(_recv, end, p, stop)
             if msg != "ready":
                 raise RuntimeError(f"client process {p.name} failed to start: {msg}")
         start_ns = time.perf_counter_ns() + 50_000_000  # all start together, 50 ms from now
         deadline = start_ns + int(options.duration_s * 1e9) if options.duration_s else None
         for _, end in children:
             end.send((start_ns, deadline))
-        waits = [asyncio.create_task(asyncio.to_thread(_recv, end, p)) for p, end in children]
         total = None if options.duration_s else payloads.n
-        while not all(w.done() for w in waits):
-            await asyncio.wait(waits, timeout=PROGRESS_INTERVAL_S)
-            if progress:
-                progress(Progress(done.value, total, errors.value,
-                                  max(0.0, (time.perf_counter_ns() - start_ns) / 1e9)))
+        async with asyncio.TaskGroup() as tg:
+            waits = [tg.create_task(asyncio.to_thread(_recv, end, p, stop))
+                     for p, end in children]
+            while not all(w.done() for w in waits):
+                await asyncio.wait(waits, timeout=PROGRESS_INTERVAL_S)
+                if progress:
+                    progress(Progress(done.value, total, errors.value,
+                                      max(0.0, (time.perf_counter_ns() - start_ns) / 1e9)))
         records: list[dict] = []
         infos: list[dict] = []
         for w, (p, _) in zip(waits, children, strict=True):
@@ -486,18 +491,25 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
                 raise RuntimeError(f"client process {p.name} failed: {recs}")
             records.extend(recs)
             infos.append(info)
+        completed = True
         return records, infos
     finally:
+        stop.set()
         for p, end in children:
-            end.close()
+            if not completed and p.is_alive():
+                p.terminate()  # interrupted (Ctrl-C, SIGTERM) or failed: the level is over
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+            end.close()
 
 
-def _recv(conn: Any, p: Any) -> Any:
+def _recv(conn: Any, p: Any, stop: threading.Event) -> Any:
+    """Wait (in a worker thread) for a child's message, its death, or `stop`."""
     while not conn.poll(0.2):
+        if stop.is_set():
+            return ("error", "stopped", None)
         if not p.is_alive():
             return ("error", f"exited with code {p.exitcode}", None)
     return conn.recv()

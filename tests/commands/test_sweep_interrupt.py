@@ -1,0 +1,49 @@
+"""Ctrl-C in the middle of a level: the sweep stops promptly, cleanly, and takes its client
+processes with it (no traceback, no orphan task, no process left)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+
+def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_path: Path) -> None:
+    server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lab", "sweep", "--target", f"http://{server.address}",
+         "--model", "fake", "--conc", "2", "--client-procs", "2", "--requests", "100000",
+         "--osl", "64", "--out", str(out), "--no-plots"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a normal foreground process: SIGINT not ignored (as it would be for a shell's `cmd &`)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        clients: list[psutil.Process] = []
+        while time.monotonic() < deadline and len(clients) < 2:
+            time.sleep(0.2)
+            clients = psutil.Process(proc.pid).children(recursive=True)
+        assert len(clients) >= 2, "the level's client processes never started"
+        time.sleep(1.0)  # in the middle of the level
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr[-3000:]
+    assert elapsed < 4.0, f"took {elapsed:.1f} s to stop"  # not the 5 s join timeout
+    time.sleep(0.5)
+    alive = [c.pid for c in clients if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
