@@ -28,9 +28,9 @@ def _prctl() -> Callable[..., int] | None:
     return _libc.prctl if _libc else None
 
 
-def make_preexec(sig: int = signal.SIGKILL) -> Callable[[], None]:
+def make_preexec(sig: int = signal.SIGKILL, parent: int | None = None) -> Callable[[], None]:
     """A preexec_fn: set the parent-death signal, and die if the parent is already gone."""
-    parent = os.getpid()
+    parent = os.getpid() if parent is None else parent
     prctl = _prctl()  # resolved before fork: no dlopen in the child
 
     def preexec() -> None:
@@ -40,3 +40,8 @@ def make_preexec(sig: int = signal.SIGKILL) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
+    """The same, from inside an already-started child (e.g. a multiprocessing "spawn" child)."""
+    make_preexec(sig, parent)()

@@ -31,6 +31,7 @@ from lab.analysis.nagle import (
     launched_verdict,
 )
 from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from launch.topology import DEFAULT_SPEEDUP
 
 DEFAULT_REQUESTS = 200
 DEFAULT_MANY = 32
@@ -180,7 +181,7 @@ class ProbeOptions:
     requests: int = DEFAULT_REQUESTS
     many: int = DEFAULT_MANY
     threshold_ms: float = DEFAULT_THRESHOLD_MS
-    speedup: float = 1000.0
+    speedup: float = DEFAULT_SPEEDUP
     isl: int = 136
     osl: int = 128
     seed: int = 0
@@ -513,7 +514,7 @@ def _run_dir(out: Path | None) -> Path:
 @click.option("--threshold-ms", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULT_THRESHOLD_MS, show_default=True,
               help="A stall: TTFT at least this far above the fastest decile.")
-@click.option("--speedup", type=click.FloatRange(min=0), default=1000.0, show_default=True,
+@click.option("--speedup", type=click.FloatRange(min=0), default=DEFAULT_SPEEDUP, show_default=True,
               help="Engine speedup of the launched stack (1000: the engine is nearly free).")
 @click.option("--isl", type=click.IntRange(min=1), default=136, show_default=True,
               help="Prompt tokens per request.")

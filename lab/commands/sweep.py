@@ -14,14 +14,15 @@ from typing import Any
 
 import click
 
+from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
 from lab.load.client import ClientOptions
 from lab.load.workload import ENDPOINTS, PROMPT_KINDS, WorkloadSpec
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY, FAULT_KINDS
 
 DEFAULT_CONC = "1,32,128,256"
-DEFAULT_ISL = 136
-DEFAULT_OSL = 128
+DEFAULT_ISL = WorkloadSpec.isl
+DEFAULT_OSL = WorkloadSpec.osl
 TARGET_TIMEOUT_S = 5.0
 # topology options that make sense with --target (the rest would be silently ignored)
 _TARGET_OK = {"model", "name"}
@@ -194,12 +195,13 @@ def _positive(name: str, value: float | None) -> None:
               "the client's CPU and loop-lag figures are its own, not the launcher's).")
 @click.option("--gap-ms", type=float, default=0.0, show_default=True,
               help="Idle time between a slot's response and its next request.")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=float, default=ClientOptions.timeout_s,
+              show_default=True,
               metavar="SECONDS", help="Per-request timeout.")
 @click.option("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput.")
 @click.option("--slo-latency-ms", type=float, default=None, help="Latency SLO for goodput.")
 @click.option("--slo-itl-ms", type=float, default=None, help="ITL SLO for goodput.")
-@click.option("--knee-threshold", type=float, default=0.1, show_default=True,
+@click.option("--knee-threshold", type=float, default=KNEE_THRESHOLD, show_default=True,
               help="Marginal-efficiency threshold of the knee rule.")
 @click.option("--compare-disagg", is_flag=True, default=False,
               help="Run the sweep aggregated, then disaggregated (--prefill/--decode), and "
@@ -415,6 +417,9 @@ def _run(coro_factory: Any) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         _echo("\ninterrupted: the completed levels are kept", err=True)
         return 130
+    except (RuntimeError, OSError) as exc:  # a client process or the run directory failed
+        _echo(f"error: {exc}; the completed levels are kept", err=True)
+        return 1
     return 0
 
 

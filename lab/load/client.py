@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
 import resource
 import threading
 import time
@@ -425,9 +426,12 @@ def summarize_client(procs: list[dict], records: list[dict]) -> dict:
 # ----- several client processes -----
 
 def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options: ClientOptions,
-           proc: int, next_index: Any, done: Any, errors: Any, conn: Any) -> None:
+           proc: int, next_index: Any, done: Any, errors: Any, conn: Any, parent: int) -> None:
     import uvloop
 
+    from launch.pdeath import die_with_parent
+
+    die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
     shared = _Shared(next_index, done, errors)
     driver = _Driver(url, payloads, concurrency, warmup, options, shared, proc)
     conn.send("ready")
@@ -462,7 +466,7 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
             parent_end, child_end = ctx.Pipe()
             p = ctx.Process(target=_child, name=f"lab-client-{k}", daemon=True,
                             args=(url, payloads, share, warmup, options, k, next_index, done,
-                                  errors, child_end))
+                                  errors, child_end, os.getpid()))
             p.start()
             child_end.close()
             children.append((p, parent_end))

@@ -3,6 +3,7 @@ processes with it (no traceback, no orphan task, no process left)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -47,3 +48,31 @@ def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_pa
     time.sleep(0.5)
     alive = [c.pid for c in clients if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+def test_a_sigkilled_sweep_takes_its_client_processes_with_it(spawn, tmp_path: Path) -> None:
+    server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lab", "sweep", "--target", f"http://{server.address}",
+         "--model", "fake", "--conc", "2", "--client-procs", "2", "--requests", "100000",
+         "--osl", "64", "--out", str(tmp_path / "run"), "--no-plots", "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    clients: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(clients) < 2:
+            time.sleep(0.2)
+            clients = psutil.Process(proc.pid).children(recursive=True)
+        assert len(clients) >= 2, "the level's client processes never started"
+        time.sleep(1.0)
+        proc.kill()
+        proc.wait(10)
+        _, alive = psutil.wait_procs(clients, timeout=10)
+        assert alive == [], f"client processes outlived a SIGKILLed lab: {alive}"
+    finally:
+        for c in clients:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                c.kill()
+        if proc.poll() is None:
+            proc.kill()
