@@ -522,3 +522,58 @@ async def test_drain_ready_takes_queued_chunks_and_leaves_the_end() -> None:
     finally:
         await client.close()
         await server.close()
+
+
+@both_loops
+async def test_an_oversized_request_is_refused_without_breaking_the_connection() -> None:
+    """A request over the frame limit must not reach the wire: the worker would drop the whole
+    connection, and every other stream multiplexed on it."""
+    seen: list[int] = []
+
+    async def slow_handler(request: dict, sink: StreamSink) -> None:
+        seen.append(len(request.get("pad", "")))
+        for i in range(request["n"]):
+            sink.chunk({"t": [i]})
+            await asyncio.sleep(0.01)
+        sink.end(ok_end(request["n"]))
+
+    server = await start_server(slow_handler)
+    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
+    try:
+        running = await client.open_stream({"n": 20})
+        await anext(running)  # in flight on the (only) connection
+        big = await client.open_stream({"n": 1, "pad": "x" * (MAX_PAYLOAD + 10)})
+        _, end, _ = await collect(big)
+        assert end["error"]["kind"] == "invalid_request" and end["error"]["status"] == 413
+        tokens, end, _ = await collect(running)
+        assert end["error"] is None and len(tokens) == 19  # the other stream was not hurt
+        assert seen == [0]  # the oversized request never reached the worker
+    finally:
+        await client.close()
+        await server.close()
+
+
+@both_loops
+async def test_an_undecodable_frame_ends_the_streams_instead_of_hanging_them() -> None:
+    async def bad_worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):  # two requests arrive; answer the first with garbage
+            header = await reader.readexactly(HEADER.size)
+            await reader.readexactly(HEADER.unpack(header)[2])
+        writer.write(HEADER.pack(CHUNK, 1, 3) + b"{{{")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    server = await asyncio.start_server(bad_worker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RequestPlaneClient(f"127.0.0.1:{port}", SocketSettings(pool_size=1))
+    try:
+        first = await client.open_stream({"n": 1})
+        second = await client.open_stream({"n": 1})
+        async with asyncio.timeout(5):
+            _, end1, _ = await collect(first)
+            _, end2, _ = await collect(second)
+        assert end1["error"]["kind"] == "unavailable" and "undecodable" in end1["error"]["message"]
+        assert end2["error"]["kind"] == "unavailable"
+    finally:
+        await client.close()
+        server.close()

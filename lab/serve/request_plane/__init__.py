@@ -4,8 +4,8 @@ multiplexed on a small pool of persistent connections per worker. See frames.py 
 from __future__ import annotations
 
 from lab.serve.request_plane.client import RequestPlaneClient, ResponseStream, WorkerUnavailable
-from lab.serve.request_plane.frames import MAX_PAYLOAD, FrameType
-from lab.serve.request_plane.server import RequestPlaneServer, StreamSink, error_end
+from lab.serve.request_plane.frames import MAX_PAYLOAD, FrameType, error_end
+from lab.serve.request_plane.server import RequestPlaneServer, StreamSink
 
 __all__ = [
     "MAX_PAYLOAD",

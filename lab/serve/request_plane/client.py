@@ -13,14 +13,17 @@ import orjson
 
 from lab.serve.request_plane.frames import (
     HEADER,
+    MAX_PAYLOAD,
     MAX_STREAM_ID,
     FrameType,
     encode_frame,
+    error_end,
 )
 from lab.serve.request_plane.sockets import FramedConnection, set_nodelay, split_address
 from lab.serve.settings import SocketSettings
 
 CONNECT_TIMEOUT_S = 5.0
+_REQUEST = int(FrameType.REQUEST)
 _CHUNK = int(FrameType.CHUNK)
 _END = int(FrameType.END)
 _CANCEL_FRAME_TYPE = int(FrameType.CANCEL)
@@ -36,14 +39,7 @@ class WorkerUnavailable(ConnectionError):
 
 
 def unavailable_end(message: str) -> dict:
-    return {
-        "finish": None,
-        "stop_reason": None,
-        "usage": None,
-        "handoff": None,
-        "error": {"kind": "unavailable", "message": message, "status": 503},
-        "worker_id": None,
-    }
+    return error_end("unavailable", message, 503)
 
 
 class ResponseStream:
@@ -127,11 +123,21 @@ class _ClientConnection(FramedConnection):
             sid = sid % MAX_STREAM_ID + 1
         self._next_id = sid % MAX_STREAM_ID + 1
         stream = ResponseStream(self, sid)
+        if len(body) > MAX_PAYLOAD:
+            # Never put an oversized frame on a shared connection: the worker would drop the
+            # connection, and every other stream on it with it.
+            stream._deliver(_END, error_end(
+                "invalid_request",
+                f"request of {len(body)} bytes exceeds the request plane's frame limit "
+                f"({MAX_PAYLOAD} bytes)",
+                413,
+            ))
+            return stream
         self.streams[sid] = stream
         if self.split_writes:
-            self.write_split(HEADER.pack(1, sid, len(body)), body)
+            self.write_split(HEADER.pack(_REQUEST, sid, len(body)), body)
         else:
-            self.queue_frame(HEADER.pack(1, sid, len(body)) + body)
+            self.queue_frame(HEADER.pack(_REQUEST, sid, len(body)) + body)
         return stream
 
     def send_cancel(self, stream_id: int) -> None:
@@ -147,7 +153,15 @@ class _ClientConnection(FramedConnection):
             self.close(ValueError(f"unexpected frame type {ftype} from the worker"))
             return
         if stream is not None:
-            stream._deliver(ftype, orjson.loads(payload) if payload else {})
+            try:
+                message = orjson.loads(payload) if payload else {}
+            except orjson.JSONDecodeError as exc:
+                reason = f"undecodable frame from worker {self.address}: {exc}"
+                self.streams.pop(stream_id, None)
+                stream._deliver(_END, unavailable_end(reason))
+                self.close(ValueError(reason))  # the other streams end "unavailable" too
+                return
+            stream._deliver(ftype, message)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         reason = f"connection to worker {self.address} lost" + (f": {exc}" if exc else "")

@@ -66,3 +66,15 @@ class FrameReader:
         if pos:
             del buf[:pos]
         return frames
+
+
+def error_end(kind: str, message: str, status: int, worker_id: str | None = None) -> dict:
+    """An END payload carrying an error (the request-plane contract's shape)."""
+    return {
+        "finish": None,
+        "stop_reason": None,
+        "usage": None,
+        "handoff": None,
+        "error": {"kind": kind, "message": message, "status": status},
+        "worker_id": worker_id,
+    }

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from lab.serve.request_plane.frames import HEADER, FrameType
+from lab.serve.request_plane.frames import HEADER, FrameType, error_end
 from lab.serve.request_plane.sockets import FramedConnection, set_nodelay
 from lab.serve.settings import SocketSettings
 
@@ -27,18 +27,6 @@ _REQUEST = int(FrameType.REQUEST)
 _CANCEL = int(FrameType.CANCEL)
 _CHUNK = int(FrameType.CHUNK)
 _END = int(FrameType.END)
-
-
-def error_end(kind: str, message: str, status: int, worker_id: str | None = None) -> dict:
-    """An END payload carrying an error (the request-plane contract's shape)."""
-    return {
-        "finish": None,
-        "stop_reason": None,
-        "usage": None,
-        "handoff": None,
-        "error": {"kind": kind, "message": message, "status": status},
-        "worker_id": worker_id,
-    }
 
 
 class StreamSink:

@@ -32,7 +32,9 @@ from lab.wire.ready import format_ready
 log = logging.getLogger("lab.sidecar")
 
 NO_TERMINAL = "Generate ended before a terminal response"
-_SKIP_LOAD_FIELDS = frozenset({"ranks", "attributes"})
+# Not published: per-rank detail, and the sample timestamp (it changes on every poll, so it
+# would make every heartbeat look like a change to discovery watchers).
+_SKIP_LOAD_FIELDS = frozenset({"ranks", "attributes", "timestamp_unix_nanos"})
 
 
 @dataclass(frozen=True)
