@@ -240,12 +240,15 @@ class Supervisor:
     async def _monitor(self) -> None:
         """Reap exits, record them, and schedule restarts by policy."""
         while True:
+            # Decide before reaping: `alive` reaps too, so an exit seen only by this check would
+            # otherwise never become an event.
+            all_exited = self.stopping and not any(p.alive for p in self.processes)
             try:
                 self._reap()
             except Exception:  # a bug here must not cancel the stack's owner (task group)
                 self.events.emit("error", "supervisor", os.getpid(),
                                  detail=traceback.format_exc())
-            if self.stopping and not any(p.alive for p in self.processes):
+            if all_exited:
                 return
             if self._stop_done and time.monotonic() - self._stop_done > UNKILLABLE_WAIT_S:
                 return  # something survived SIGKILL (uninterruptible sleep): do not hang

@@ -188,8 +188,8 @@ def sidecar(
     )
     try:
         code = uvloop.run(Sidecar(config).run())
-    except* OSError as group:  # e.g. EtcdError: discovery unreachable at register/withdraw
+    except* OSError as group:  # e.g. the listen address in use, or discovery (etcd) unreachable
         for exc in group.exceptions:
-            logging.getLogger("lab.serve.sidecar").error("discovery failed: %s", exc)
+            logging.getLogger("lab.serve.sidecar").error("sidecar failed: %s", exc)
         code = 1
     sys.exit(code)
