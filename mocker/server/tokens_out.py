@@ -59,10 +59,6 @@ class Candidates:
         ]
 
 
-def plain_info(token_id: int) -> generation_pb2.TokenInfo:
-    return TokenInfo(token_id=token_id, token=text_of(token_id))
-
-
 def scored_info(
     token_id: int, logprob: float | None, candidates: Candidates | None
 ) -> generation_pb2.TokenInfo:
@@ -89,7 +85,6 @@ def prompt_output(prompt: list[int], candidates: Candidates | None) -> generatio
 
 __all__ = [
     "Candidates",
-    "plain_info",
     "prompt_output",
     "scored_info",
     "synthetic_logprob",

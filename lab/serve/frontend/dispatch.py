@@ -28,15 +28,11 @@ from typing import Any
 from lab.serve.frontend.errors import ApiError, from_end_error
 from lab.serve.frontend.protocol import GenRequest
 from lab.serve.frontend.workers import Worker, WorkerSet, unavailable_errors
+from lab.serve.request_plane.frames import FrameType
 from lab.serve.router import Router
 
-try:
-    from lab.serve.request_plane.frames import FrameType
-
-    CHUNK = int(FrameType.CHUNK)
-    END = int(FrameType.END)
-except ImportError:  # pragma: no cover - request plane not built yet; values from contracts.md
-    CHUNK, END = 3, 4
+CHUNK = int(FrameType.CHUNK)
+END = int(FrameType.END)
 
 AGGREGATED_ROLES = ("aggregated", "decode")
 PREFILL_ROLES = ("prefill",)

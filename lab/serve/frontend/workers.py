@@ -36,14 +36,9 @@ def default_client_factory(address: str, settings: SocketSettings) -> Any:
 
 def unavailable_errors() -> tuple[type[BaseException], ...]:
     """Exceptions meaning "could not reach the worker" (safe to try another worker)."""
-    errors: list[type[BaseException]] = [OSError, EOFError]
-    try:
-        from lab.serve.request_plane import WorkerUnavailable
+    from lab.serve.request_plane import WorkerUnavailable
 
-        errors.append(WorkerUnavailable)
-    except ImportError:  # pragma: no cover - request plane not built yet
-        pass
-    return tuple(errors)
+    return (OSError, EOFError, WorkerUnavailable)
 
 
 class Worker:

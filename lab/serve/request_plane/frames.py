@@ -33,10 +33,6 @@ def encode_frame(ftype: int, stream_id: int, payload: bytes = b"") -> bytes:
     return HEADER.pack(ftype, stream_id, len(payload)) + payload
 
 
-def encode_header(ftype: int, stream_id: int, length: int) -> bytes:
-    return HEADER.pack(ftype, stream_id, length)
-
-
 class FrameReader:
     """Incremental decoder: feed() bytes as they arrive, get back the complete frames."""
 
