@@ -20,6 +20,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from lab.wire.constants import DEFAULT_MODEL
+
 PASS_SIZES = (1, 32, 128, 256)
 DRIFT_RUNNING = 256
 
@@ -137,7 +139,7 @@ async def stream_throughput(
         async def worker(end: float) -> None:
             while time.perf_counter() < end:
                 req = g.GenerateRequest(
-                    request_id=f"bench-{next(counter)}", model="mocker-model",
+                    request_id=f"bench-{next(counter)}", model=DEFAULT_MODEL,
                     token_ids=prompt, stopping=stopping,
                 )
                 n = m = 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_MODEL = "mocker-model"
-ROLES = ("aggregated", "prefill", "decode")
+from lab.wire.constants import DEFAULT_MODEL, ROLES
+
+__all__ = ["DEFAULT_MODEL", "ROLES", "DiscoveryTiming", "SidecarTiming", "SocketSettings"]
 
 
 @dataclass(frozen=True)

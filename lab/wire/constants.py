@@ -63,3 +63,13 @@ HEALTH_SERVICES: Final = (
     INFERENCE_SERVICE,
     CONTROL_SERVICE,
 )
+
+
+# -- deployment-wide values shared by the engine and the serving path --------------------------
+
+#: The model name the mocker reports and the lab's topologies serve by default.
+DEFAULT_MODEL = "mocker-model"
+#: Worker roles (engine disaggregation modes, discovery record roles).
+ROLES = ("aggregated", "prefill", "decode")
+#: Largest gRPC message either side of the engine contract accepts (the real servicer's 64 MiB).
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import grpc
 
 from lab.wire import constants as wc
+from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
 from lab.wire.ready import format_ready
 from mocker.engine import EngineArgs, Scheduler
 
@@ -31,7 +32,7 @@ from .state import ServerState
 
 log = logging.getLogger("mocker.server")
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE_BYTES = MAX_GRPC_MESSAGE_BYTES
 #: The real TRT-LLM OpenEngine servicer's channel options (openengine-v1.md section 9).
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

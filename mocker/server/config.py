@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lab.wire.constants import DEFAULT_MODEL, ROLES
 from mocker.engine import EngineArgs
 
-ROLES = ("aggregated", "prefill", "decode")
 DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_MODEL = "mocker-model"
 DEFAULT_ROLE = "aggregated"
 DEFAULT_SEED = 42
 DEFAULT_CONTEXT_LENGTH = 32768

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.serve.discovery.base import Registry, WorkerRecord
-from lab.serve.settings import SocketSettings
+from lab.serve.settings import DEFAULT_MODEL, SocketSettings
 
 CHUNK, END = 3, 4
 Frames = AsyncIterator[tuple[int, dict[str, Any]]]
@@ -122,7 +122,7 @@ class FakeStream:
 class FakeWorker:
     worker_id: str
     role: str = "aggregated"
-    model: str = "mocker-model"
+    model: str = DEFAULT_MODEL
     per_chunk: int = 1
     delay_s: float = 0.0
     cached_tokens: int = 0

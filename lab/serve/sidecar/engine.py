@@ -11,6 +11,7 @@ import grpc
 
 from lab.serve.settings import DEFAULT_MODEL
 from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
+from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
 from lab.wire.gen.openengine.v1 import (
     lifecycle_pb2,
     model_pb2,
@@ -20,7 +21,7 @@ from lab.wire.gen.openengine.v1 import (
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 64 * 1024 * 1024
+MAX_MESSAGE = MAX_GRPC_MESSAGE_BYTES
 CONTROL_TIMEOUT_S = 30.0  # one-shot control RPCs (GetModelInfo, Abort)
 RETRY_LOG_EVERY_S = 30.0
 
