@@ -21,6 +21,7 @@ import click
 
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
 from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.topology import (
     DEFAULT_DECODE_SPEEDUP,
@@ -68,6 +69,11 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--decode-speedup",), dict(
         type=click.FloatRange(min=0), metavar="R",
         help=f"Extra decode speedup ratio.  [default: {DEFAULT_DECODE_SPEEDUP:g}]")),
+    (("--stream-interval",), dict(
+        type=click.IntRange(1, 1_000_000), metavar="N",
+        help="Tokens per engine message: 1 = every engine step reaches the client as its own "
+             "event; N = every N tokens plus the last (vLLM --stream-interval).  "
+             f"[default: {DEFAULT_STREAM_INTERVAL}]")),
     (("--engine-args",), dict(
         metavar="JSON|FILE",
         help="Engine arguments for every engine (JSON object or a JSON file).  [default: {}]")),
@@ -204,6 +210,8 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
             fleet.speedup = opts["speedup"]
         if opts["decode_speedup"] is not None:
             fleet.decode_speedup = opts["decode_speedup"]
+        if opts["stream_interval"] is not None:
+            fleet.stream_interval = opts["stream_interval"]
         if opts["restart_engine"] is not None:
             fleet.restart_engine = opts["restart_engine"]
         if opts["restart_sidecar"] is not None:

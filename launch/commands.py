@@ -70,6 +70,7 @@ def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
         "--model", spec.model,
         "--speedup-ratio", repr(float(fleet.speedup)),
         "--decode-speedup-ratio", repr(float(fleet.decode_speedup)),
+        "--stream-interval", str(fleet.stream_interval),
         "--instance-id", instance_id,
     ]
     if fleet.engine_args:

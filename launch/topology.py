@@ -19,6 +19,7 @@ TOML layout (every key optional):
     # fleet defaults (apply to every [[fleet]] that does not set them)
     speedup = 1000.0
     decode_speedup = 1.0
+    stream_interval = 1           # tokens per engine message (mocker --stream-interval)
     engine_args = { max_num_seqs = 128 }
     restart_engine = "never"
     restart_sidecar = "on-failure"
@@ -61,6 +62,7 @@ from typing import Any
 
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
 from lab.serve.settings import DEFAULT_MODEL, ROLES, SocketSettings
+from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.linkshape import KEYS as LINK_KEYS
 from launch.linkshape import LinkShape, hosts_from_config
@@ -84,6 +86,7 @@ class FleetSpec:
     engine_args: dict[str, Any] = field(default_factory=dict)
     speedup: float = DEFAULT_SPEEDUP
     decode_speedup: float = DEFAULT_DECODE_SPEEDUP
+    stream_interval: int = DEFAULT_STREAM_INTERVAL
     restart_engine: str = DEFAULT_RESTART_ENGINE
     restart_sidecar: str = DEFAULT_RESTART_SIDECAR
     extra_mocker_args: list[str] = field(default_factory=list)
@@ -96,6 +99,7 @@ FLEET_SETTINGS = (
     "engine_args",
     "speedup",
     "decode_speedup",
+    "stream_interval",
     "restart_engine",
     "restart_sidecar",
     "extra_mocker_args",
@@ -398,6 +402,7 @@ def _validate_topology(
             raise loc.error(fleet_key(index, "engine_args"), "expected a table / JSON object")
         _check_number(fleet.speedup, fleet_key(index, "speedup"), loc, minimum=0)
         _check_number(fleet.decode_speedup, fleet_key(index, "decode_speedup"), loc, minimum=0)
+        _check_int(fleet.stream_interval, fleet_key(index, "stream_interval"), loc, 1, 1_000_000)
         for key in ("restart_engine", "restart_sidecar"):
             value = getattr(fleet, key)
             if value not in RESTART_POLICIES:

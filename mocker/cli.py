@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from mocker.engine import EngineArgs, load_engine_args
 from mocker.server import config as sc
 
@@ -136,6 +137,12 @@ def main() -> None:
     "aborted with an OVERLOADED (retryable) error.",
 )
 @click.option(
+    "--stream-interval", type=click.IntRange(min=1), default=DEFAULT_STREAM_INTERVAL,
+    show_default=True,
+    help="Tokens per TokenOutput message: 1 = every engine step is its own message; N = every "
+    "N tokens plus the last ones (like vLLM --stream-interval, TensorRT-LLM stream_interval).",
+)
+@click.option(
     "--grace", type=float, default=sc.GRACE_S, show_default=True, callback=_non_negative,
     help="Seconds in-flight requests get to finish on SIGTERM/SIGINT.",
 )
@@ -158,6 +165,7 @@ def serve(
     instance_id: str | None,
     record_requests: bool,
     stall_timeout: float,
+    stream_interval: int,
     grace: float,
     log_level: str,
 ) -> None:
@@ -185,6 +193,7 @@ def serve(
         record_requests=record_requests,
         stall_timeout_s=stall_timeout,
         grace_s=grace,
+        stream_interval=stream_interval,
         engine=args,
     )
     _setup_logging(log_level)

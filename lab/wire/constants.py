@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Final
 
+# --- Token delivery ----------------------------------------------------------------------------
+# Tokens per TokenOutput message: 1 = every engine step is its own message (vLLM
+# `--stream-interval`, TensorRT-LLM `stream_interval`); N > 1 = every N tokens, plus the last.
+DEFAULT_STREAM_INTERVAL: Final = 1
+
 # --- GenerateRequest.extra keys (openengine-v1.md §8, "Phase selection") ---------------------
 # A prefill (context) leg carries extra.request_type = "context_only"; the Dynamo TRT-LLM
 # sidecar always sends extra.detokenize = false (token-only output).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.wire.constants import DEFAULT_MODEL, ROLES
+from lab.wire.constants import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, ROLES
 from mocker.engine import EngineArgs
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -55,10 +55,13 @@ class ServerConfig:
     record_requests: bool = False
     stall_timeout_s: float = STALL_TIMEOUT_S
     grace_s: float = GRACE_S
+    stream_interval: int = DEFAULT_STREAM_INTERVAL
     engine: EngineArgs = field(default_factory=EngineArgs)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if not self.instance_id:
             object.__setattr__(self, "instance_id", default_instance_id(self.role))

@@ -1,26 +1,32 @@
-"""The engine loop: one asyncio task owns the Scheduler and paces its passes in real time.
+"""The engine loop: one asyncio task owns the Scheduler and paces its passes.
 
-Pacing keeps ABSOLUTE deadlines: while busy, a pass starts at the previous pass's simulated end
-(`t += duration`), so Python overhead inside a pass does not stretch simulated time; after an
-idle spell (or a freeze, or falling behind by more than RESYNC_MS) the clock restarts at now.
+Delivery rule: every pass hands each stream that advanced its token for that pass (one token
+per stream per pass), and the Generate stream turns each pass's token into its own TokenOutput
+(or, with `stream_interval` N > 1, every N tokens plus the last). Nothing merges the tokens of
+different passes into one message.
 
-Delivery rule (what makes a stream send several tokens in one message):
+Pacing follows two clocks, and a pass waits for both:
 
-* On schedule (the pass ends in the future, e.g. speedup 1): sleep to the pass end, then
-  deliver its signals. Each stream wakes as soon as its token's pass ends, so a keeping-up
-  client sees one token per TokenOutput and the measured ITL is true.
-* Behind schedule (the pass already ended when the loop got back to it, e.g. speedup 1000
-  where passes last microseconds, or speedup 0): deliver it and keep running the passes that
-  are ALSO already over, back to back in the same event-loop turn, for up to BURST_MS of wall
-  time, then yield once. Every stream wakes once per turn and sends all its ready tokens as
-  one message. A pass whose end is still in the future is never delivered early. Plain
-  decode passes are run by `Scheduler.fast_forward` (same results as `step`, without the
-  per-pass objects); anything else (admission, prefill, a finishing request) by `step`.
+* Simulated time. Deadlines are absolute: while busy, a pass starts at the previous pass's
+  simulated end (`t += duration`), so Python overhead inside a pass does not stretch simulated
+  time; after an idle spell (or a freeze, or falling behind by more than RESYNC_MS) the clock
+  restarts at now. A pass whose simulated end is in the future (speedup 1) is delivered only
+  after sleeping to that end: never early.
+* The consumers. Before the next pass, the loop waits until every stream that got a token from
+  the last pass has taken it (`ack`: its Generate generator picked it up to write it, or saw
+  it and went back to waiting). At speedup 1000 or 0, where a pass costs more wall time than
+  it simulates, the engine therefore runs exactly as fast as the gRPC writes go, and each
+  stream's queue holds about one token: memory stays bounded and every message is one step.
+  A stream that has not taken its token within PACE_WAIT_MS (its HTTP/2 window is full: the
+  reader stopped) is marked slow and no longer waited for; its tokens queue up (at most its
+  max_tokens) and it rejoins once it has caught up. The consumer-stall watchdog ends it with
+  OVERLOADED if it never drains. So a stalled reader slows only its own stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -28,16 +34,16 @@ from mocker.engine import Burst, EngineRequest, PassResult, Scheduler, Signal
 
 from .inflight import LiveRequest
 
-#: Behind schedule by more than this (a freeze, a long GC pause): restart the clock at now
-#: instead of bursting back-to-back passes to catch up.
+log = logging.getLogger("mocker.server")
+
+#: Behind schedule by more than this (a freeze, a long GC pause, an engine paced by its
+#: consumers at high speedup): restart the simulated clock at now.
 RESYNC_MS = 250.0
-#: Behind schedule, the overdue passes run back to back for up to this much wall time per
-#: event-loop turn (see the delivery rule above). Long enough that a stream's message carries
-#: many tokens at speedup 1000, short enough that gRPC I/O is not held up noticeably
-#: (1, 2 and 4 ms measured the same engine CPU per request; 0 = one pass per turn costs ~2x).
-BURST_MS = 2.0
-#: Work per `Scheduler.fast_forward` call between two wall-clock checks (tokens).
-FAST_FORWARD_TOKENS = 64
+#: How long the next pass waits for a stream to take its last token before that stream is
+#: treated as slow (not waited for). Far above a healthy turn-around (a few ms with 256
+#: streams on a busy 2-core machine), far below the 30 s stall watchdog.
+PACE_WAIT_MS = 100.0
+_INF = float("inf")
 
 
 @dataclass
@@ -46,8 +52,10 @@ class LoopStats:
     simulated_ms: float = 0.0  # sum of pass durations actually paced
     busy_wall_s: float = 0.0  # wall time spent in busy stretches (for drift)
     late_ms_max: float = 0.0
-    fast_passes: int = 0  # passes run by Scheduler.fast_forward (catching up)
+    fast_passes: int = 0  # passes run by Scheduler.fast_forward (plain decode steps)
     sleeps: int = 0  # passes delivered after sleeping to their end (on schedule)
+    paced_waits: int = 0  # times the next pass waited for the consumers
+    slow_marks: int = 0  # streams marked slow (did not take a token within PACE_WAIT_MS)
 
 
 def _now_ms() -> float:
@@ -65,6 +73,10 @@ class EngineLoop:
         self._stopping = False
         self.frozen_at_ns: int | None = None
         self.stats = LoopStats()
+        # Streams holding a token they have not taken yet (each has `unacked` set), and the
+        # future the loop waits on until that count is back to zero.
+        self._unacked = 0
+        self._acked: asyncio.Future[None] | None = None
 
     # ----- called by the servicers (same thread, between passes) -----------------------------
     def now_ms(self) -> float:
@@ -77,6 +89,20 @@ class EngineLoop:
 
     def cancel(self, key: str) -> bool:
         return self.scheduler.cancel(key)
+
+    def ack(self, live: LiveRequest) -> None:
+        """The stream took what it was handed (or is gone): the next pass need not wait for it.
+        A slow stream that has caught up (nothing queued) is waited for again."""
+        if live.unacked:
+            live.unacked = False
+            self._unacked -= 1
+            if self._unacked <= 0:
+                self._unacked = 0
+                fut = self._acked
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+        elif live.slow and not live.tokens:
+            live.slow = False
 
     def freeze(self, frozen: bool) -> None:
         if frozen:
@@ -96,8 +122,11 @@ class EngineLoop:
         self._stopping = True
         self._wake.set()
         self._unfrozen.set()
+        fut = self._acked
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
-    # ----- the task ---------------------------------------------------------------------------
+    # ----- delivery ---------------------------------------------------------------------------
     def _drain_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
         add = self.scheduler.add
@@ -106,6 +135,18 @@ class EngineLoop:
                 continue  # aborted (or gone) before submission: never reaches the scheduler
             add(request)
             live.submitted = True
+
+    def _hand(self, live: LiveRequest, token: int) -> None:
+        """Give a stream one pass's token; wait for it before the next pass unless it is slow."""
+        if not live.unacked and not live.slow:
+            live.unacked = True
+            self._unacked += 1
+        live.tokens.append(token)
+        w = live.waiter
+        if w is not None:
+            live.waiter = None
+            if not w.done():
+                w.set_result(None)
 
     def _deliver(self, signals: list[Signal]) -> None:
         live_map = self._live
@@ -120,30 +161,51 @@ class EngineLoop:
                 live.missing = True
                 live.done = True
             else:
-                live.tokens.append(s.token_id)
                 if s.cached_tokens is not None:
                     live.cached = s.cached_tokens
                 if s.completed:
                     live.completed = True
                     live.done = True
-            w = live.waiter
-            if w is not None:
-                live.waiter = None
-                if not w.done():
-                    w.set_result(None)
+                self._hand(live, s.token_id)
+                continue
+            live.wake()
 
     def _deliver_burst(self, burst: Burst) -> None:
+        """One fast-forwarded pass: every running request got exactly one token."""
         live_map = self._live
+        hand = self._hand
         for key, toks in zip(burst.keys, burst.tokens, strict=True):
             live = live_map.get(key)
-            if live is None:
-                continue
-            live.tokens.extend(toks)
-            w = live.waiter
-            if w is not None:
-                live.waiter = None
-                if not w.done():
-                    w.set_result(None)
+            if live is not None:
+                hand(live, toks[0])
+
+    async def _wait_for_consumers(self) -> None:
+        """Until every stream handed a token has taken it, or PACE_WAIT_MS has passed (then the
+        laggards are marked slow and no longer waited for)."""
+        self.stats.paced_waits += 1
+        loop = asyncio.get_running_loop()
+        fut = self._acked = loop.create_future()
+        timer = loop.call_later(PACE_WAIT_MS / 1000.0, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            self._acked = None
+        if self._unacked and not self._stopping:
+            for live in self._live.values():
+                if live.unacked:
+                    live.unacked = False
+                    live.slow = True
+                    self.stats.slow_marks += 1
+                    if not live.reported_slow:
+                        live.reported_slow = True
+                        log.info(
+                            "request %s: its reader took no token for %.0f ms; the engine "
+                            "no longer waits for it (its tokens queue)",
+                            live.request_id,
+                            PACE_WAIT_MS,
+                        )
+            self._unacked = 0
 
     async def _idle(self, timeout_s: float | None) -> None:
         self._wake.clear()
@@ -158,15 +220,18 @@ class EngineLoop:
         finally:
             handle.cancel()
 
+    # ----- the task ---------------------------------------------------------------------------
     async def run(self) -> None:
         sched = self.scheduler
         stats = self.stats
         sleep = asyncio.sleep
-        burst_ms = BURST_MS
         fast_forward = sched.fast_forward
         t_ms: float | None = None  # simulated start of the next pass (perf_counter ms axis)
         busy_since = 0.0
         while not self._stopping:
+            if self._unacked:
+                await self._wait_for_consumers()
+                continue
             if not self._unfrozen.is_set():
                 if t_ms is not None:
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
@@ -187,75 +252,52 @@ class EngineLoop:
             elif now - t_ms > RESYNC_MS:
                 stats.busy_wall_s += (now - busy_since) / 1000.0
                 t_ms = busy_since = now
-            result = sched.step(t_ms)
-            if _empty(result):
-                # Nothing schedulable yet (e.g. waiting for a KV transfer): sleep until ready.
-                stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
-                t_ms = None
-                await self._idle_until_ready(now)
-                continue
-            end = t_ms + result.duration_ms
-            now = _now_ms()
-            if end > now:  # on schedule: sleep to the pass end, then deliver
-                stats.sleeps += 1
-                await sleep((end - now) / 1000.0)
-                t_ms = end
-                self._account(result)
-                continue
-            if now - end > stats.late_ms_max:
-                stats.late_ms_max = now - end
-            t_ms = end
-            self._account(result)
-            # Behind schedule (the pass ended before we got here): keep running the passes
-            # that are overdue too, in this same event-loop turn, for up to BURST_MS. Every
-            # stream then wakes once per turn and sends all its ready tokens as one message.
-            burst_end = now + burst_ms
-            idle = False
-            while not self._inbox and not self._stopping and sched.has_work():
-                now = _now_ms()
-                if now >= burst_end or t_ms >= now:
-                    break
-                ff = fast_forward(t_ms, now, FAST_FORWARD_TOKENS)
-                if ff.passes:
-                    t_ms = ff.end_ms
-                    stats.passes += ff.passes
-                    stats.fast_passes += ff.passes
-                    stats.simulated_ms += ff.simulated_ms
-                    self._deliver_burst(ff)
-                    continue
+            # A plain decode pass (every running request gets one token) without the per-pass
+            # objects of `step`; anything else (admission, prefill, a finishing request) by step.
+            burst = fast_forward(t_ms, _INF, 1)
+            result: PassResult | None = None
+            if burst.passes:
+                end = burst.end_ms
+            else:
                 result = sched.step(t_ms)
                 if _empty(result):
-                    idle = True
-                    break
+                    # Nothing schedulable yet (e.g. waiting for a KV transfer): sleep until ready.
+                    stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
+                    t_ms = None
+                    await self._idle_until_ready(now)
+                    continue
                 end = t_ms + result.duration_ms
-                if end > now:  # this one is not due yet: let the streams run meanwhile
-                    await sleep((end - now) / 1000.0)
-                    t_ms = end
-                    self._account(result)
-                    break
-                t_ms = end
-                self._account(result)
-            if idle:  # nothing schedulable yet (as above)
-                stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
-                t_ms = None
-                await self._idle_until_ready(now)
-                continue
-            await sleep(0)
+            now = _now_ms()
+            if end > now:  # on schedule: never deliver before the pass's simulated end
+                stats.sleeps += 1
+                await sleep((end - now) / 1000.0)
+            elif now - end > stats.late_ms_max:
+                stats.late_ms_max = now - end
+            t_ms = end
+            stats.passes += 1
+            if result is None:
+                stats.fast_passes += 1
+                stats.simulated_ms += burst.simulated_ms
+                self._deliver_burst(burst)
+            else:
+                stats.simulated_ms += result.duration_ms
+                if result.signals:
+                    self._deliver(result.signals)
+            if not self._unacked and end <= now:
+                await sleep(0)  # nothing handed out (e.g. a prefill chunk): let I/O run
         for live in list(self._live.values()):
             if not live.done:
                 live.done = True
                 live.wake()
 
-    def _account(self, result: PassResult) -> None:
-        stats = self.stats
-        stats.passes += 1
-        stats.simulated_ms += result.duration_ms
-        if result.signals:
-            self._deliver(result.signals)
-
     async def _idle_until_ready(self, now: float) -> None:
         ready = self.scheduler.next_ready_ms()
         await self._idle(None if ready is None else max(0.0, (ready - now) / 1000.0))
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _empty(result: PassResult) -> bool:

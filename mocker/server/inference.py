@@ -2,8 +2,8 @@
 
 Stream shape: `[PromptOutput]? TokenOutput* (GenerationFinished | PrefillReady | EngineError)`,
 exactly one terminal (chosen by `terminal()` from an `Exit`), usage only on the terminal, never
-an empty event. The stream waits for at least one token, then drains every ready token of the
-request into ONE TokenOutput (a keeping-up client gets each token as soon as its pass ends).
+an empty event. Each TokenOutput holds one engine step's token, or `stream_interval` tokens
+(and the last ones) when that is set above 1; see engine_loop.py for the pacing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import grpc
 from mocker.engine import EngineRequest, kv_transfer_ms, synthetic_logprob, token_deriver
 
 from .errors import RequestRefused
-from .fastwire import response_prefix, token_event
+from .fastwire import response_prefix, single_token_event, token_event
 from .handoff import stamp_session
 from .inflight import Exit, LiveRequest
 from .pb import error_pb2, generation_pb2, openengine_pb2_grpc
@@ -32,9 +32,6 @@ Usage = generation_pb2.Usage
 EngineError = error_pb2.EngineError
 
 CAPACITY_MESSAGE = "request exceeds the simulated KV-cache capacity"
-#: Coalescing cap: keeps a far-behind client's events well under gRPC's 4 MiB message limit
-#: (256 tokens with 20 candidates each is ~200 KB).
-MAX_TOKENS_PER_EVENT = 256
 
 
 def _claimed_exit(live: LiveRequest) -> Exit:
@@ -242,7 +239,10 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     live.completed = live.done = True
 
             prefix = response_prefix(rid)
+            single = single_token_event
             flowing = st.tokens_flowing
+            interval = st.cfg.stream_interval
+            ack = engine.ack
             stop_ids = prep.stop_ids
             min_tokens = prep.min_tokens
             want_lp = prep.output_logprobs
@@ -254,25 +254,29 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             first_lp: float | None = None
             stop_token = 0
             exit_: Exit | None = None
+            # One TokenOutput per engine step (per `interval` steps, plus the last): the engine
+            # hands each stream one token per pass, and this loop never merges more.
             while True:
-                if not live.tokens and not live.done:
+                if live.claimed:
+                    break
+                toks = live.tokens
+                if len(toks) < interval and not live.done:
+                    ack(live)  # seen: the engine may run the next pass
                     fut = loop.create_future()
                     live.waiter = fut
                     await fut
-                if live.claimed:
-                    break
+                    continue
                 if not flowing.is_set():
                     await flowing.wait()
                     continue
-                toks = live.tokens
                 if toks:
-                    if len(toks) > MAX_TOKENS_PER_EVENT:
-                        live.tokens = toks[MAX_TOKENS_PER_EVENT:]
-                        toks = toks[:MAX_TOKENS_PER_EVENT]
+                    if interval == 1:
+                        step = [toks.pop(0)]
                     else:
-                        live.tokens = []
+                        step = toks[:interval]
+                        del toks[:interval]
                     out: list = []
-                    for t in toks:
+                    for t in step:
                         if stop_ids and t in stop_ids and streamed + len(out) >= min_tokens:
                             exit_ = Exit.STOPPED
                             stop_token = t
@@ -289,6 +293,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                         if position == 0:
                             first_token = t
                         position += 1
+                    ack(live)  # taken: the next pass may run while this one is written
                     if out:
                         if want_lp:
                             msg = GenerateResponse(
@@ -299,6 +304,8 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                                     text="".join([i.token for i in out]),
                                 ),
                             ).SerializeToString()
+                        elif len(out) == 1:
+                            msg = single(prefix, out[0])
                         else:
                             msg = token_event(prefix, out)
                         live.write_started = loop.time()
@@ -309,18 +316,16 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                         st.tokens_streamed += len(out)
                     if exit_ is not None:
                         break
-                    if live.claimed:
-                        break
-                if live.done and not live.tokens:
-                    if live.rejected:
-                        exit_ = Exit.REJECTED
-                    elif live.missing:
-                        exit_ = Exit.MISSING_TOKEN
-                    elif live.completed:
-                        exit_ = Exit.COMPLETED
-                    else:
-                        exit_ = Exit.CLOSED
-                    break
+                    continue
+                if live.rejected:
+                    exit_ = Exit.REJECTED
+                elif live.missing:
+                    exit_ = Exit.MISSING_TOKEN
+                elif live.completed:
+                    exit_ = Exit.COMPLETED
+                else:
+                    exit_ = Exit.CLOSED
+                break
             if exit_ is None or not live.claim():
                 exit_ = _claimed_exit(live)
             final = self.terminal(

@@ -1,9 +1,10 @@
 """Per-request state shared by the Generate stream, the engine loop and Control.Abort.
 
-The engine loop appends token ids to `tokens` at pass end and wakes the stream's `waiter`. The
-stream drains every ready token into one TokenOutput. `claimed` is the single claim of the
-reference (mocker-model.md 3.3, "Abort claim semantics"): whichever of Abort, the stream's own
-terminal, the stall watchdog or an executor failure sets it first decides how the stream ends.
+The engine loop appends each pass's token to `tokens` at pass end and wakes the stream's
+`waiter`; the stream sends each as its own TokenOutput (or `stream_interval` at a time).
+`claimed` is the single claim of the reference (mocker-model.md 3.3, "Abort claim semantics"):
+whichever of Abort, the stream's own terminal, the stall watchdog or an executor failure sets
+it first decides how the stream ends.
 """
 
 from __future__ import annotations
@@ -37,10 +38,13 @@ class LiveRequest:
         "key",
         "missing",
         "rejected",
+        "reported_slow",
         "request_id",
+        "slow",
         "stalled",
         "submitted",
         "tokens",
+        "unacked",
         "waiter",
         "write_started",
     )
@@ -62,6 +66,11 @@ class LiveRequest:
         self.failure: str | None = None
         self.submitted = False
         self.write_started = 0.0  # loop.time() while a write to the client is pending, else 0
+        # Engine-loop pacing (engine_loop.py): handed a token it has not taken yet; or too
+        # slow to be waited for until it catches up.
+        self.unacked = False
+        self.slow = False
+        self.reported_slow = False
 
     def wake(self) -> None:
         w = self.waiter

@@ -45,6 +45,7 @@ class ServerState:
     def release(self, live: LiveRequest) -> None:
         """The stream is over: forget it and make sure the engine stops working on it."""
         live.claimed = True
+        self.loop.ack(live)
         if self.by_id.get(live.request_id) is live:
             del self.by_id[live.request_id]
         self.by_key.pop(live.key, None)

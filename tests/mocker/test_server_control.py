@@ -260,12 +260,33 @@ def test_admin_set_health_is_seen_by_check_and_watch(engine: Engine):
 
 
 def test_admin_stall_tokens_holds_delivery_but_not_the_engine(engine: Engine):
-    engine.admin.StallTokens(admin_pb2.StallTokensRequest(seconds=0.6), timeout=10)
+    stall_s = 3.0
+    engine.admin.StallTokens(admin_pb2.StallTokensRequest(seconds=stall_s), timeout=10)
     t0 = time.monotonic()
-    out = engine.generate(request("stall-a", max_tokens=3))
-    assert time.monotonic() - t0 >= 0.5
+    out: list[g.GenerateResponse] = []
+    reader = threading.Thread(
+        target=lambda: out.extend(engine.generate(request("stall-a", max_tokens=3)))
+    )
+    reader.start()
+    try:
+        # The engine runs on while delivery is held: the request leaves the scheduler (all 3
+        # tokens generated) long before the stall ends.
+        saw_running = False
+        while time.monotonic() - t0 < stall_s - 0.5:
+            running = engine.load().running_requests
+            saw_running = saw_running or running > 0
+            if saw_running and running == 0:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the engine did not finish the request while token delivery was held")
+        assert not out  # nothing delivered yet
+    finally:
+        reader.join(timeout=30)
+    assert time.monotonic() - t0 >= stall_s - 0.1
     assert assert_one_terminal(out).finished.reason == g.FINISH_REASON_LENGTH
-    assert len(out) == 2  # the engine ran on: all 3 tokens arrived in one TokenOutput
+    # ... and then each engine step still arrives as its own TokenOutput (never merged)
+    assert [len(m.token.tokens) for m in out[:-1]] == [1, 1, 1]
 
 
 def test_admin_freeze_stops_the_engine_loop_and_its_load_clock(engine: Engine):

@@ -304,7 +304,8 @@ def test_streaming_survives_a_producer_that_outruns_a_stalled_consumer(fast: Eng
     last = assert_one_terminal(out)
     assert last.finished.reason == g.FINISH_REASON_LENGTH
     assert tokens_of(out) == expected_tokens("stall-1", 3000)
-    assert len(out) < 3000  # ready tokens were coalesced into fewer TokenOutputs
+    # never merged, even for a consumer that fell far behind: one TokenOutput per step
+    assert [len(m.token.tokens) for m in out[:-1]] == [1] * 3000
 
 
 # ----- stop tokens -------------------------------------------------------------------------

@@ -206,13 +206,13 @@ def test_metrics_render_prometheus_text() -> None:
     assert "# TYPE lab_frontend_ttft_seconds histogram" in text
 
 
-def test_a_lagging_consumer_gets_the_queued_chunks_as_one() -> None:
-    """Dispatcher._consume merges the CHUNKs a stream already holds (drain_ready) into the one
-    it just read: one on_chunk (one SSE event), tokens and logprob lists in order."""
+def test_a_lagging_consumer_still_gets_one_event_per_chunk() -> None:
+    """Dispatcher._consume hands every CHUNK to on_chunk on its own (one SSE event each), even
+    when several are already queued: tokens of different engine steps are never merged."""
     import asyncio
     from types import SimpleNamespace
 
-    from lab.serve.frontend.dispatch import CHUNK, END, Dispatcher, merge_chunks
+    from lab.serve.frontend.dispatch import CHUNK, END, Dispatcher
 
     class LaggingStream:
         def __init__(self) -> None:
@@ -231,12 +231,6 @@ def test_a_lagging_consumer_gets_the_queued_chunks_as_one() -> None:
                 raise StopAsyncIteration
             return self.queue.pop(0)
 
-        def drain_ready(self) -> list[dict]:
-            out = []
-            while self.queue and self.queue[0][0] == CHUNK:
-                out.append(self.queue.pop(0)[1])
-            return out
-
         async def cancel(self) -> None:
             pass
 
@@ -250,8 +244,8 @@ def test_a_lagging_consumer_gets_the_queued_chunks_as_one() -> None:
     worker = SimpleNamespace(worker_id="w0", inflight=0)
     end = asyncio.run(dispatcher._consume(worker, LaggingStream(), on_chunk, None))
     assert end["finish"] == "length" and worker.inflight == 0
-    assert seen == [{"t": [1, 2, 3, 4], "lp": [-0.1, -0.2, -0.3, -0.4]}]
-    assert merge_chunks({"t": [1]}, [{"t": [2], "top": [[[5, -1.0]]]}]) == {
-        "t": [1, 2],
-        "top": [[[5, -1.0]]],
-    }
+    assert seen == [
+        {"t": [1], "lp": [-0.1]},
+        {"t": [2, 3], "lp": [-0.2, -0.3]},
+        {"t": [4], "lp": [-0.4]},
+    ]

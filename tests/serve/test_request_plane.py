@@ -325,7 +325,7 @@ class SendCounter:
 @both_loops
 async def test_frames_of_one_iteration_leave_in_one_send() -> None:
     async def handler(request: dict, sink: StreamSink) -> None:
-        # Three chunk() calls in one iteration merge into ONE CHUNK; END follows it.
+        # Three chunk() calls in one iteration: three CHUNK frames (never merged), then END.
         sink.chunk({"t": [1], "lp": [-0.1]})
         sink.chunk({"t": [2], "lp": [-0.2]})
         sink.chunk({"t": [3], "lp": [-0.3]})
@@ -341,13 +341,13 @@ async def test_frames_of_one_iteration_leave_in_one_send() -> None:
         streams = [await client.open_stream({"i": i}) for i in range(5)]  # one iteration
         results = [await collect(s) for s in streams]
         for tokens, end, chunks in results:
-            assert tokens == [1, 2, 3] and chunks == 1 and end["error"] is None
+            assert tokens == [1, 2, 3] and chunks == 3 and end["error"] is None
         assert len(csends.sizes) == 1  # five REQUEST frames, one send()
-        assert len(ssends.sizes) == 1  # five (CHUNK + END) pairs, one send()
-        # With the chunk payload merged (lp too).
+        assert len(ssends.sizes) == 1  # five (3 CHUNKs + END), one send()
         stream = await client.open_stream({})
-        _ftype, payload = await anext(stream)
-        assert payload == {"t": [1, 2, 3], "lp": [-0.1, -0.2, -0.3]}
+        payloads = [p for f, p in [x async for x in stream] if f == CHUNK]
+        assert payloads == [{"t": [1], "lp": [-0.1]}, {"t": [2], "lp": [-0.2]},
+                            {"t": [3], "lp": [-0.3]}]
     finally:
         await client.close()
         await server.close()
@@ -419,9 +419,9 @@ async def test_nodelay_settings_reach_the_sockets(
 
 
 @both_loops
-async def test_backpressure_merges_chunks_while_the_reader_is_behind() -> None:
-    """A reader that does not read: the kernel buffers fill, and later tokens merge into one
-    pending CHUNK instead of piling up as frames."""
+async def test_backpressure_keeps_every_chunk_its_own_frame() -> None:
+    """A reader that does not read: the kernel buffers fill, the frames wait in the backlog,
+    and every chunk still arrives as its own frame, in order."""
     n = 3000
     done = asyncio.Event()
 
@@ -453,7 +453,7 @@ async def test_backpressure_merges_chunks_while_the_reader_is_behind() -> None:
                 frames += 1
                 tokens.extend(payload["t"])
         assert tokens == list(range(n))
-        assert frames < n // 2  # merged while blocked
+        assert frames == n  # one frame per chunk, even while blocked
         writer.close()
     finally:
         await server.close()
@@ -495,33 +495,6 @@ async def test_split_writes_without_client_nodelay_stall_on_a_persistent_connect
     )
     assert stalled > 25, (stalled, coalesced, nodelay)
     assert coalesced < stalled / 3 and nodelay < stalled / 3, (stalled, coalesced, nodelay)
-
-
-@both_loops
-async def test_drain_ready_takes_queued_chunks_and_leaves_the_end() -> None:
-    """A consumer that fell behind takes every CHUNK already received in one call; the END
-    still comes from the iterator, exactly once, after them."""
-    server = await start_server(counting_handler)
-    client = RequestPlaneClient(server.address, SocketSettings())
-    try:
-        stream = await client.open_stream({"n": 6, "base": 200})
-        assert stream.drain_ready() == []  # nothing received yet: never waits
-        ftype, first = await stream.__anext__()
-        assert ftype == CHUNK
-        async with asyncio.timeout(5):
-            while client.in_flight():  # until the END arrived: then everything is queued
-                await asyncio.sleep(0.01)
-        queued = stream.drain_ready()
-        assert len(queued) >= 1
-        tokens = first["t"] + [t for p in queued for t in p["t"]]
-        assert tokens == [200, 201, 202, 203, 204, 205]
-        assert stream.drain_ready() == []
-        rest = [x async for x in stream]
-        assert [f for f, _ in rest] == [END] and rest[0][1]["usage"]["completion_tokens"] == 6
-        assert stream.ended and stream.drain_ready() == []
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops

@@ -91,19 +91,6 @@ class Trace:
         }
 
 
-def merge_chunks(first: dict[str, Any], more: list[dict[str, Any]]) -> dict[str, Any]:
-    """One CHUNK payload holding the tokens (and logprob lists) of `first` then `more`, in
-    order. `first` is a fresh decoded payload and is extended in place."""
-    for p in more:
-        for key, values in p.items():
-            have = first.get(key)
-            if have is None:
-                first[key] = list(values)
-            else:
-                have.extend(values)
-    return first
-
-
 def _ms(ns: int) -> float:
     return round(ns / 1e6, 3)
 
@@ -254,9 +241,6 @@ class Dispatcher:
         worker.inflight += 1
         ended = False
         emitted = False
-        # Real request-plane streams can hand over every CHUNK already queued (one SSE event
-        # for all of them when this consumer fell behind); test doubles may not.
-        drain = getattr(stream, "drain_ready", None)
         try:
             it = stream.__aiter__()
             while True:
@@ -275,11 +259,7 @@ class Dispatcher:
                         held.append(p)
                     else:
                         emitted = True
-                        if drain is not None:
-                            queued = drain()
-                            if queued:
-                                p = merge_chunks(p, queued)
-                        await on_chunk(p)  # type: ignore[misc]
+                        await on_chunk(p)  # one SSE event per CHUNK: never merged  # type: ignore[misc]
                 elif ftype == END:
                     ended = True
                     break

@@ -84,18 +84,6 @@ class ResponseStream:
             self._done = True
         return item
 
-    def drain_ready(self) -> list[dict]:
-        """Take the CHUNK payloads already received for this stream, without waiting.
-
-        Stops before an END (which the iterator still delivers, exactly once). Lets a consumer
-        that fell behind merge what is queued into one downstream write instead of one write per
-        frame."""
-        frames = self._frames
-        out: list[dict] = []
-        while frames and frames[0][0] == _CHUNK:
-            out.append(frames.popleft()[1])
-        return out
-
     @property
     def ended(self) -> bool:
         return self._done

@@ -1,10 +1,8 @@
 """Request-plane server (owned by the sidecar): accepts connections, calls the handler once per
 REQUEST stream with a StreamSink, turns CANCEL (or a dropped connection) into `sink.cancelled`.
 
-Coalescing: a sink's CHUNK is encoded only when its connection flushes (next loop iteration, or
-when the kernel buffer drains), and later chunk() calls merge their tokens into the one not yet
-sent. So a stream whose reader is behind gets all ready tokens in one CHUNK, and all frames of a
-connection from one loop iteration leave in one send().
+Every chunk() is one CHUNK frame: frames are never merged (each carries one engine step's
+tokens), but all frames of a connection from one loop iteration leave in one send().
 """
 
 from __future__ import annotations
@@ -27,12 +25,14 @@ _REQUEST = int(FrameType.REQUEST)
 _CANCEL = int(FrameType.CANCEL)
 _CHUNK = int(FrameType.CHUNK)
 _END = int(FrameType.END)
+dumps = orjson.dumps
+pack = HEADER.pack
 
 
 class StreamSink:
-    """Where a handler writes one stream's frames. chunk() merges into a not-yet-sent CHUNK."""
+    """Where a handler writes one stream's frames: a CHUNK per chunk(), then one END."""
 
-    __slots__ = ("_conn", "_ended", "_pending", "cancelled", "on_cancel", "stream_id")
+    __slots__ = ("_conn", "_ended", "cancelled", "on_cancel", "stream_id")
 
     def __init__(self, conn: _ServerConnection, stream_id: int) -> None:
         self._conn = conn
@@ -41,7 +41,6 @@ class StreamSink:
         # Optional: called (once, synchronously) when the stream is cancelled. Lets a handler
         # react without a task parked on `cancelled.wait()`.
         self.on_cancel: Callable[[], None] | None = None
-        self._pending: dict | None = None
         self._ended = False
 
     def _cancel(self) -> None:
@@ -61,31 +60,15 @@ class StreamSink:
         return self._ended
 
     def chunk(self, payload: dict) -> None:
-        """Queue a CHUNK {"t": [...], "lp"?: [...], "top"?: [...]}; merged with a queued one
-        (the sink takes ownership of the payload's lists)."""
-        if self._ended or self._conn.closed:
+        """Queue a CHUNK {"t": [...], "lp"?: [...], "top"?: [...]} as its own frame."""
+        conn = self._conn
+        if self._ended or conn.closed:
             return
-        pending = self._pending
-        if pending is None:
-            self._pending = payload
-            self._conn.queue_item(self)
-        else:
-            for key, values in payload.items():
-                if key in pending:
-                    pending[key].extend(values)
-                else:
-                    pending[key] = list(values)
-
-    def take(self) -> bytes:
-        pending = self._pending
-        if pending is None:
-            return b""
-        self._pending = None
-        body = orjson.dumps(pending)
-        return HEADER.pack(_CHUNK, self.stream_id, len(body)) + body
+        body = dumps(payload)
+        conn.queue_frame(pack(_CHUNK, self.stream_id, len(body)) + body)
 
     def end(self, payload: dict) -> None:
-        """Queue the END (once; later calls are ignored). Goes out after any queued CHUNK."""
+        """Queue the END (once; later calls are ignored). Goes out after the queued CHUNKs."""
         if self._ended:
             return
         self._ended = True

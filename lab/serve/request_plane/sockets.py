@@ -4,9 +4,9 @@ Why raw sockets rather than asyncio transports: the Nagle experiments need to kn
 send() syscalls happen. asyncio and uvloop transports buffer, merge (uvloop joins the writes of a
 loop iteration into one writev) and set TCP_NODELAY on their own. Here:
 
-* `queue_frame` / `queue_item`: everything queued on one connection during one loop iteration goes
-  out in ONE send() at the start of the next iteration (`loop.call_soon` flush). While the kernel
-  buffer is full, queued items stay queued (coalescing further) and go out with the backlog.
+* `queue_frame`: every frame queued on one connection during one loop iteration goes out in ONE
+  send() at the start of the next iteration (`loop.call_soon` flush). While the kernel buffer
+  is full, queued frames wait and go out with the backlog (each still its own frame).
 * `write_split`: header and body as two send() calls, each at once (the "split writes" arm).
 * TCP_NODELAY is whatever the owner set with `set_nodelay`; nothing here changes it.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Protocol
 
 from lab.serve.request_plane.frames import FrameError, FrameReader
 
@@ -40,12 +39,6 @@ def split_address(address: str, allow_port_zero: bool = False) -> tuple[str, int
     return host.strip("[]"), int(port)
 
 
-class PendingItem(Protocol):
-    def take(self) -> bytes:
-        """Encode what this item holds (one or more frames) and forget it."""
-        ...
-
-
 class FramedConnection:
     """Base class: subclasses implement `frame_received` and `connection_lost`."""
 
@@ -55,7 +48,7 @@ class FramedConnection:
         self.sock = sock
         self._fd = sock.fileno()
         self._reader = FrameReader()
-        self._queue: list[bytes | PendingItem] = []
+        self._queue: list[bytes] = []
         self._flush_scheduled = False
         self._backlog = bytearray()
         self.closed = False
@@ -81,15 +74,6 @@ class FramedConnection:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    def queue_item(self, item: PendingItem) -> None:
-        """Queue an object encoded only at flush time (lets a sink merge later tokens into it)."""
-        if self.closed:
-            return
-        self._queue.append(item)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
     def write_split(self, header: bytes, body: bytes) -> None:
         """Header and body as two send() calls (after flushing what is queued, to keep order)."""
         if self.closed:
@@ -101,10 +85,7 @@ class FramedConnection:
 
     def _take_queue(self) -> bytes:
         queue = self._queue
-        if len(queue) == 1 and isinstance(queue[0], bytes):
-            data = queue[0]
-        else:
-            data = b"".join(item if isinstance(item, bytes) else item.take() for item in queue)
+        data = queue[0] if len(queue) == 1 else b"".join(queue)
         queue.clear()
         return data
 
