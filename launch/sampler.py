@@ -1,7 +1,8 @@
 """Per-process CPU % and RSS every 0.5 s into procs.parquet (rewritten periodically and at exit).
 
 cpu_pct is psutil's: 100 = one full core over the interval since the previous sample of that
-pid. pandas is imported only when writing, in the launcher process (never in the fleet).
+pid (with `include_children`, plus its descendants', for servers that fork workers). pandas is
+imported only when writing, in the launcher process (never in the fleet).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ class Sampler:
         path: Path,
         interval_s: float = 0.5,
         flush_every_s: float = 10.0,
+        include_children: bool = False,
     ) -> None:
         self.views = views
+        self.include_children = include_children
+        self._children: dict[int, psutil.Process] = {}
         self.path = path
         self.interval_s = interval_s
         self.flush_every_s = flush_every_s
@@ -54,6 +58,10 @@ class Sampler:
                 with proc.oneshot():
                     cpu = proc.cpu_percent(None)
                     rss = proc.memory_info().rss
+                if self.include_children:
+                    extra_cpu, extra_rss = self._descendants(proc)
+                    cpu += extra_cpu
+                    rss += extra_rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             rows.append({
@@ -69,6 +77,27 @@ class Sampler:
             del self._procs[key]
         self.samples.extend(rows)
         return rows
+
+    def _descendants(self, proc: psutil.Process) -> tuple[float, int]:
+        """CPU % and RSS of a process's descendants (a child seen for the first time primes
+        its counter and counts from the next sample)."""
+        cpu, rss = 0.0, 0
+        try:
+            children = proc.children(recursive=True)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return cpu, rss
+        for child in children:
+            known = self._children.get(child.pid)
+            try:
+                if known is None or known.create_time() != child.create_time():
+                    child.cpu_percent(None)
+                    self._children[child.pid] = child
+                    continue
+                cpu += known.cpu_percent(None)
+                rss += known.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                self._children.pop(child.pid, None)
+        return cpu, rss
 
     async def run(self) -> None:
         """Sample until cancelled; flush to parquet every flush_every_s (in a thread)."""

@@ -126,9 +126,9 @@ def _prefixed(prefix: str, stats: dict[str, float | None], keep: tuple[str, ...]
 
 
 def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | None,
-                    duration_s: float, ok: int) -> dict[str, Any]:
+                    duration_s: float, ok: int, out_tokens: int = 0) -> dict[str, Any]:
     """Each server process's CPU % (mean of samples in the window) and peak RSS (MB), and the
-    server's CPU per request (ms, summed over processes)."""
+    server's CPU per request (ms) and per output token (us), summed over processes."""
     if procs is None or procs.empty or start is None or end is None:
         return {}
     # a sample's cpu_pct covers the interval since the previous sample of that process, so the
@@ -151,6 +151,7 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
         out[f"cpu_s_per_1k:{name}"] = 1000.0 * cpu_s / ok if ok else None
     out["server_cpu_pct"] = sum(v for k, v in out.items() if k.startswith("cpu_pct:"))
     out["server_cpu_ms_per_req"] = 1000.0 * total_cpu_s / ok if ok else None
+    out["server_cpu_us_per_token"] = 1e6 * total_cpu_s / out_tokens if out_tokens else None
     return out
 
 
@@ -210,7 +211,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     row["client_cpu_ms_per_req"] = client.get("cpu_ms_per_request")
     row["loop_lag_p99_ms"] = client.get("loop_lag_p99_ms")
     row["loop_lag_max_ms"] = client.get("loop_lag_max_ms")
-    row.update(process_figures(procs, start, end, duration_s, n_ok))
+    row.update(process_figures(procs, start, end, duration_s, n_ok, out_tokens))
     return row
 
 

@@ -186,6 +186,10 @@ def _positive(name: str, value: float | None) -> None:
               "[default: results/<timestamp>-<name>]")
 @click.option("--target", default=None, metavar="URL",
               help="Sweep an external OpenAI-compatible server (nothing launched; use --model).")
+@click.option("--server-pid", "server_pids", multiple=True, metavar="NAME=PID",
+              help="With --target: sample this server process (and its children) for the "
+              "report's server CPU, e.g. --server-pid frontend=1234 --server-pid engine=1240 "
+              "(repeatable).")
 @click.option("--client-procs", type=int, default=1, show_default=True, metavar="K",
               help="Spread each level over K client processes.")
 @click.option("--fresh-connection", is_flag=True, default=False,
@@ -241,8 +245,12 @@ def sweep(**kw: Any) -> None:
                                    "(nothing is launched)")
         if faults:
             raise click.UsageError("--fault needs a launched stack (not --target)")
-        if kw["compare_disagg"]:
-            raise click.UsageError("--compare-disagg needs a launched stack (not --target)")
+    elif kw["server_pids"]:
+        raise click.UsageError("--server-pid is for --target runs (a launched stack is sampled "
+                               "anyway)")
+    server_pids = parse_server_pids(kw["server_pids"])
+    if target and kw["compare_disagg"]:
+        raise click.UsageError("--compare-disagg needs a launched stack (not --target)")
 
     workload = WorkloadSpec(isl=kw["isl"], osl=kw["osl"], isl_stddev=kw["isl_stddev"],
                             osl_stddev=kw["osl_stddev"], seed=kw["seed"],
@@ -263,7 +271,7 @@ def sweep(**kw: Any) -> None:
     if target:
         model = check_target(target, kw.get("model"))
         run_dir = make_dir(name, kw["out"])
-        code = run_target(run_dir, target, model, plan, slos, kw)
+        code = run_target(run_dir, target, model, plan, slos, kw, server_pids)
     elif kw["compare_disagg"]:
         agg_kw = {**kw, "disagg": None, "prefill": None, "decode": None}
         dis_kw = {**kw, "disagg": True, "engines": None}
@@ -433,20 +441,62 @@ def run_launched(run_dir: Path, spec: Any, plan: Any, slos: dict, faults: list[F
     return code
 
 
-async def _targeted(run_dir: Path, target: str, model: str, plan: Any, quiet: bool) -> None:
+def parse_server_pids(values: tuple[str, ...]) -> dict[str, int]:
+    """NAME=PID pairs of --server-pid; a clear error for a malformed pair or a missing pid."""
+    import psutil
+
+    out: dict[str, int] = {}
+    for value in values:
+        name, sep, pid = value.partition("=")
+        if not sep or not name or not pid.isdigit():
+            raise click.BadParameter(f"{value!r}: expected NAME=PID, e.g. frontend=1234",
+                                     param_hint="'--server-pid'")
+        if name in out:
+            raise click.BadParameter(f"{name!r} is given twice", param_hint="'--server-pid'")
+        if not psutil.pid_exists(int(pid)):
+            raise click.BadParameter(f"{value!r}: no process {pid}", param_hint="'--server-pid'")
+        out[name] = int(pid)
+    return out
+
+
+async def _targeted(run_dir: Path, target: str, model: str, plan: Any, quiet: bool,
+                    server_pids: dict[str, int]) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
 
     await _main_task_guard()
-    runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet))
-    await runner.run()
+    if not server_pids:
+        runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet))
+        await runner.run()
+        return
+    import psutil
+
+    from launch.process import ProcessView
+    from launch.sampler import Sampler
+
+    views = [ProcessView(name, "server", None, pid, None, "ready", 0,
+                         create_time=psutil.Process(pid).create_time())
+             for name, pid in server_pids.items()]
+    sampler = Sampler(lambda: views, run_dir / "procs.parquet", include_children=True)
+    runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet),
+                         procs_samples=lambda: list(sampler.samples))
+    async with asyncio.TaskGroup() as tg:
+        sampling = tg.create_task(sampler.run())
+        try:
+            await runner.run()
+        finally:
+            sampling.cancel()
+    sampler.sample_once()
+    await asyncio.to_thread(sampler.write)
 
 
-def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw: dict) -> int:
+def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw: dict,
+               server_pids: dict[str, int] | None = None) -> int:
     from launch.config import write_config
 
     write_config(run_dir, extra={"sweep": _sweep_config(plan, slos, [], kw, target=target,
                                                         model=model)})
-    code = _run(lambda: _targeted(run_dir, target, model, plan, kw["quiet"]))
+    code = _run(lambda: _targeted(run_dir, target, model, plan, kw["quiet"],
+                                  server_pids or {}))
     _print_results(run_dir, make_plots=not kw["no_plots"])
     return code
 

@@ -17,7 +17,7 @@ from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
 from lab.report import plots
-from lab.report.markdown import build_report, fnum
+from lab.report.markdown import build_report, delivery_sentence, fnum
 
 
 @dataclass
@@ -35,6 +35,16 @@ def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
     t = table.dropna(subset=["req_s", "latency_ms_avg"])
     return find_knee(list(t["concurrency"]), list(t["req_s"]), list(t["latency_ms_avg"]),
                      threshold)
+
+
+def stream_interval_of(config: dict) -> int | None:
+    """The launched stack's stream interval (the largest of its token-streaming fleets: prefill
+    fleets send one token); None for an external target."""
+    fleets = [f for f in (config.get("topology") or {}).get("fleets", [])
+              if f.get("role") != "prefill"]
+    if (config.get("sweep") or {}).get("target") or not fleets:
+        return None
+    return max(int(f.get("stream_interval") or 1) for f in fleets)
 
 
 def _slos(config: dict) -> SLOs | None:
@@ -71,7 +81,8 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
                      f"model {sweep.get('model')}")
     elif config.get("topology"):
         topo = config["topology"]
-        fleets = ", ".join(f"{f.get('count', 1)}x {f.get('role')} (speedup {f.get('speedup')})"
+        fleets = ", ".join(f"{f.get('count', 1)}x {f.get('role')} (speedup {f.get('speedup')}, "
+                           f"stream interval {f.get('stream_interval', 1)})"
                            for f in topo.get("fleets", []))
         lines.append(f"topology: {fleets}; router {topo.get('router')}; "
                      f"sockets {topo.get('sockets')}")
@@ -138,7 +149,8 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     note = None
     if sweep.get("target"):
         note = ("Per-process server CPU is absent: this sweep ran against an external target "
-                f"({sweep['target']}), so the lab launched and sampled no server process.")
+                f"({sweep['target']}), so the lab launched no server process; name its "
+                "processes with --server-pid NAME=PID to sample them.")
     elif rundir.read_procs(run_dir) is None:
         note = "Per-process server CPU is absent: the run directory has no procs.parquet."
     name = sweep.get("name") or run_dir.name
@@ -150,6 +162,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         plots=[(cap, str(p.relative_to(run_dir))) for cap, p in made],
         server_cpu_note=note,
         fault_md=faults.markdown() if faults is not None else None,
+        delivery=delivery_sentence(table, stream_interval_of(config)),
     )
     (run_dir / rundir.REPORT).write_text(report)
     return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults)
@@ -159,6 +172,7 @@ def summary_lines(analysis: RunAnalysis) -> list[str]:
     """Short terminal summary after the table."""
     out = [analysis.knee.sentence()]
     t = analysis.table
+    out.append(delivery_sentence(t, stream_interval_of(analysis.config)))
     if not t.empty:
         best = t.loc[t["req_s"].idxmax()] if t["req_s"].notna().any() else None
         if best is not None:

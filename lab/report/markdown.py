@@ -37,7 +37,7 @@ def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The table of measurement.md: Conc, req/s, out tok/s, latency avg/p99, TTFT avg/p50/p99,
     tokens per chunk, errors (with kinds). `levels` = by_concurrency() rows."""
     header = ["Conc", "req/s", "out tok/s", "Latency avg ms", "p99", "TTFT avg ms", "p50", "p99",
-              "tok/chunk", "Errors"]
+              "ITL ms", "tok/chunk", "CPU ms/req", "CPU us/tok", "Errors"]
     rows = []
     for _, r in levels.iterrows():
         req = fnum(r.get("req_s"))
@@ -47,8 +47,9 @@ def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             str(int(r["concurrency"])), req, fnum(r.get("out_tok_s"), 0),
             fnum(r.get("latency_ms_avg")), fnum(r.get("latency_ms_p99")),
             fnum(r.get("ttft_ms_avg"), 2), fnum(r.get("ttft_ms_p50"), 2),
-            fnum(r.get("ttft_ms_p99"), 2), fnum(r.get("tokens_per_chunk"), 2),
-            str(r.get("errors", "0")),
+            fnum(r.get("ttft_ms_p99"), 2), fnum(r.get("itl_ms_avg"), 3),
+            fnum(r.get("tokens_per_chunk"), 2), fnum(r.get("server_cpu_ms_per_req"), 2),
+            fnum(r.get("server_cpu_us_per_token"), 0), str(r.get("errors", "0")),
         ])
     return header, rows
 
@@ -92,6 +93,34 @@ def client_sentence(levels: pd.DataFrame) -> str:
             f"at most {fnum(per_req, 2)} ms of client CPU per request).")
 
 
+def delivery_sentence(levels: pd.DataFrame, stream_interval: int | None) -> str:
+    """Says in words whether each streamed event carried one engine step's tokens: tok/chunk
+    equal to the stream interval (1 by default; the last event of a request may carry fewer),
+    or above it, which means some hop merged engine steps into one event. `stream_interval`
+    None: an external target, whose interval is unknown (1 is what real servers default to)."""
+    if "tokens_per_chunk" not in levels or levels["tokens_per_chunk"].isna().all():
+        return "delivery: no streamed tokens were measured."
+    expected = stream_interval or 1
+    tpc = levels.dropna(subset=["tokens_per_chunk"])
+    above = [f"c={int(r['concurrency'])} ({r['tokens_per_chunk']:.2f})"
+             for _, r in tpc.iterrows() if r["tokens_per_chunk"] > expected * 1.005]
+    what = (f"the stream interval ({expected})" if stream_interval is not None
+            else "one token per event")
+    if above:
+        return (f"delivery: tok/chunk was above {what} at " + ", ".join(above) +
+                ": events carried the tokens of several engine steps, so some hop merged them "
+                "(TTFT and ITL then understate what a per-token client sees). The lab's own "
+                "path never merges; a server may, e.g. with its own stream interval or behind "
+                "a slow reader.")
+    most = float(tpc["tokens_per_chunk"].max())
+    if stream_interval is None:
+        return (f"delivery: the target sent one event per token at every level "
+                f"(tok/chunk at most {most:.2f}).") if most <= 1.005 else (
+                f"delivery: tok/chunk at most {most:.2f}.")
+    return (f"delivery: every event carried one engine step's tokens at every level "
+            f"(tok/chunk at most {most:.2f}, stream interval {expected}).")
+
+
 def client_table(levels: pd.DataFrame) -> str:
     header = ["Conc", "client CPU %", "busiest proc %", "CPU ms/req", "send delay p99 ms",
               "loop lag p99 ms"]
@@ -106,11 +135,12 @@ def server_cpu_table(levels: pd.DataFrame) -> str | None:
     names = [c.split(":", 1)[1] for c in levels.columns if c.startswith("cpu_pct:")]
     if not names:
         return None
-    header = ["Conc", *[f"{n} CPU %" for n in names], "server CPU ms/req"]
+    header = ["Conc", *[f"{n} CPU %" for n in names], "server CPU ms/req", "server CPU us/token"]
     rows = []
     for _, r in levels.iterrows():
         rows.append([str(int(r["concurrency"])), *[fnum(r.get(f"cpu_pct:{n}"), 0) for n in names],
-                     fnum(r.get("server_cpu_ms_per_req"), 2)])
+                     fnum(r.get("server_cpu_ms_per_req"), 2),
+                     fnum(r.get("server_cpu_us_per_token"), 0)])
     table = md_table(header, rows)
     header2 = ["Process", *[f"c={int(c)}" for c in levels["concurrency"]]]
     rows2 = []
@@ -125,7 +155,8 @@ def server_cpu_table(levels: pd.DataFrame) -> str | None:
 
 def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Knee,
                  plots: list[tuple[str, str]], server_cpu_note: str | None = None,
-                 fault_md: str | None = None, compare_md: str | None = None) -> str:
+                 fault_md: str | None = None, compare_md: str | None = None,
+                 delivery: str | None = None) -> str:
     """The whole report.md. plots: [(caption, relative path)]."""
     parts = [f"# {title}", ""]
     parts += [f"- {s}" for s in setup]
@@ -136,6 +167,8 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
             f"e({s.to_conc}) = {'inf' if math.isinf(s.efficiency) else f'{s.efficiency:.2f}'}"
             for s in knee.steps)
         parts += [f"Marginal efficiency per step (threshold {knee.threshold:g}): {effs}.", ""]
+    if delivery:
+        parts += [delivery, ""]
     parts += [client_sentence(levels), ""]
     if compare_md:
         parts += ["## Comparison", "", compare_md, ""]

@@ -207,45 +207,50 @@ def test_metrics_render_prometheus_text() -> None:
 
 
 def test_a_lagging_consumer_still_gets_one_event_per_chunk() -> None:
-    """Dispatcher._consume hands every CHUNK to on_chunk on its own (one SSE event each), even
-    when several are already queued: tokens of different engine steps are never merged."""
+    """Dispatcher._consume over a real request-plane connection: the worker sends four CHUNKs
+    and the END in one loop turn, so all of them are queued when the consumer first looks;
+    each CHUNK still goes to on_chunk on its own (one SSE event each), never merged."""
     import asyncio
     from types import SimpleNamespace
 
-    from lab.serve.frontend.dispatch import CHUNK, END, Dispatcher
+    from lab.serve.frontend.dispatch import Dispatcher
+    from lab.serve.request_plane import RequestPlaneClient, StreamSink
+    from lab.serve.settings import SocketSettings
+    from tests.serve.test_request_plane import ok_end, start_server
 
-    class LaggingStream:
-        def __init__(self) -> None:
-            self.queue = [
-                (CHUNK, {"t": [1], "lp": [-0.1]}),
-                (CHUNK, {"t": [2, 3], "lp": [-0.2, -0.3]}),
-                (CHUNK, {"t": [4], "lp": [-0.4]}),
-                (END, {"finish": "length", "usage": None, "error": None}),
-            ]
-
-        def __aiter__(self):
-            return self
-
-        async def __anext__(self):
-            if not self.queue:
-                raise StopAsyncIteration
-            return self.queue.pop(0)
-
-        async def cancel(self) -> None:
-            pass
+    async def handler(request: dict, sink: StreamSink) -> None:
+        sink.chunk({"t": [1], "lp": [-0.1]})
+        sink.chunk({"t": [2, 3], "lp": [-0.2, -0.3]})
+        sink.chunk({"t": [4], "lp": [-0.4]})
+        sink.chunk({"t": [5], "lp": [-0.5]})
+        sink.end(ok_end(5))
 
     seen: list[dict] = []
 
     async def on_chunk(p: dict) -> None:
         seen.append(p)
 
-    dispatcher = Dispatcher.__new__(Dispatcher)
-    dispatcher._unavailable = (ConnectionError,)
-    worker = SimpleNamespace(worker_id="w0", inflight=0)
-    end = asyncio.run(dispatcher._consume(worker, LaggingStream(), on_chunk, None))
-    assert end["finish"] == "length" and worker.inflight == 0
+    async def main() -> dict:
+        server = await start_server(handler)
+        client = RequestPlaneClient(server.address, SocketSettings())
+        try:
+            stream = await client.open_stream({})
+            async with asyncio.timeout(10):
+                while client.in_flight():  # until the END arrived: everything is queued
+                    await asyncio.sleep(0.005)
+            dispatcher = Dispatcher.__new__(Dispatcher)
+            dispatcher._unavailable = (ConnectionError,)
+            worker = SimpleNamespace(worker_id="w0", inflight=0)
+            return await dispatcher._consume(worker, stream, on_chunk, None)
+        finally:
+            await client.close()
+            await server.close()
+
+    end = asyncio.run(main())
+    assert end["finish"] == "length"
     assert seen == [
         {"t": [1], "lp": [-0.1]},
         {"t": [2, 3], "lp": [-0.2, -0.3]},
         {"t": [4], "lp": [-0.4]},
+        {"t": [5], "lp": [-0.5]},
     ]

@@ -1,0 +1,102 @@
+"""Every engine step reaches the client as its own SSE event, on the whole launched stack
+(engine, sidecar, frontend and the load client as separate processes over real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+OSL = 128
+
+
+def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "lab"), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sweep(run: Path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    proc = lab("sweep", "--osl", str(OSL), "--isl", "32", "--out", str(run), "--quiet",
+               "--no-plots", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    req = pd.read_parquet(run / "requests.parquet")
+    req = req[~req["warmup"]]
+    assert req["ok"].all(), req.loc[~req["ok"], ["error_kind", "error_message"]]
+    return req, pd.read_csv(run / "levels.csv"), proc.stdout
+
+
+@pytest.mark.parametrize("speedup", ["1000", "0"])
+def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: str) -> None:
+    req, levels, out = sweep(tmp_path / "run", "--conc", "32", "--requests", "64",
+                             "--speedup", speedup)
+    assert len(req) == 64
+    assert (req["output_tokens"] == OSL).all()
+    assert (req["chunks"] == OSL).all(), req["chunks"].value_counts()
+    assert (req["tokens_per_chunk"] == 1.0).all()
+    assert (req["itl_ms"] > 0).all()
+    assert (req["ttft_ms"] < req["latency_ms"]).all()
+    assert levels["tokens_per_chunk"].tolist() == [1.0]
+    assert (levels["itl_ms_avg"] > 0).all()
+    # the per-token CPU figure is in levels.csv and the printed table
+    assert levels["server_cpu_us_per_token"].notna().all()
+    assert np.isclose(levels["server_cpu_us_per_token"].iloc[0] * OSL / 1000,
+                      levels["server_cpu_ms_per_req"].iloc[0], rtol=0.01)
+    assert "CPU us/tok" in out
+    assert "every event carried one engine step's tokens" in out
+
+
+def test_stream_interval_8_gives_16_events_of_8_tokens(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    req, _levels, _out = sweep(run, "--conc", "4", "--requests", "16", "--stream-interval", "8")
+    assert (req["chunks"] == OSL // 8).all(), req["chunks"].value_counts()
+    assert (req["tokens_per_chunk"] == 8.0).all()
+    config = json.loads((run / "config.json").read_text())
+    assert [f["stream_interval"] for f in config["topology"]["fleets"]] == [8]
+    report = (run / "report.md").read_text()
+    assert "stream interval 8" in report
+
+
+def test_a_client_that_stops_reading_does_not_stall_the_other_streams(tmp_path: Path) -> None:
+    """A raw HTTP client asks for a long stream and never reads it (its socket buffers fill,
+    the frontend's writes block); meanwhile a sweep on the same stack gets every event."""
+    up = lab("up", "--detach", "--out", str(tmp_path / "stack"), timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    url = next(w for w in up.stdout.split() if w.startswith("http://"))
+    host, port = url.removeprefix("http://").split(":")
+
+    async def stalled_then_sweep() -> subprocess.CompletedProcess:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = json.dumps({"model": "mocker-model", "prompt": [5, 6, 7], "stream": True,
+                           "max_tokens": 200_000, "min_tokens": 200_000,
+                           "ignore_eos": True}).encode()
+        writer.transport.set_write_buffer_limits(0)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")  # headers: the stream runs; now stop reading
+        writer.transport.pause_reading()
+        try:
+            return await asyncio.to_thread(
+                lab, "sweep", "--target", url, "--model", "mocker-model", "--conc", "8",
+                "--requests", "32", "--osl", str(OSL), "--isl", "32", "--out",
+                str(tmp_path / "run"), "--quiet", "--no-plots", "--timeout", "60")
+        finally:
+            writer.close()
+
+    try:
+        proc = asyncio.run(stalled_then_sweep())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        req = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+        req = req[~req["warmup"]]
+        assert req["ok"].all() and len(req) == 32
+        assert (req["chunks"] == OSL).all()
+    finally:
+        down = lab("down", str(tmp_path / "stack"), timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
