@@ -550,3 +550,35 @@ async def test_an_undecodable_frame_ends_the_streams_instead_of_hanging_them() -
     finally:
         await client.close()
         server.close()
+
+
+@both_loops
+async def test_direct_chunks_keep_their_order_with_queued_ones() -> None:
+    """A stream's `direct` callback takes CHUNKs as they arrive; once it declines one, that one
+    and every later frame go through the iterator, in order, until the queue is empty again."""
+
+    async def handler(request: dict, sink: StreamSink) -> None:
+        for i in range(6):
+            sink.chunk({"t": [i]})
+        sink.end(ok_end(6))
+
+    server = await start_server(handler)
+    client = RequestPlaneClient(server.address, SocketSettings())
+    taken: list[int] = []
+    try:
+        stream = await client.open_stream({})
+
+        def direct(p: dict) -> bool:
+            if p["t"][0] == 2:
+                return False  # e.g. the consumer's socket is full
+            taken.append(p["t"][0])
+            return True
+
+        stream.direct = direct
+        rest = [(f, p) async for f, p in stream]
+        assert taken == [0, 1]  # 3, 4, 5 arrived while 2 was still queued
+        assert [p["t"][0] for f, p in rest if f == CHUNK] == [2, 3, 4, 5]
+        assert rest[-1][0] == END
+    finally:
+        await client.close()
+        await server.close()

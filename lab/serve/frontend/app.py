@@ -41,6 +41,15 @@ from lab.serve.tokenizer import Tokenizer
 log = logging.getLogger("lab.frontend")
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
+#: The synchronous token path writes to the client's transport only while less than this is
+#: buffered in it (aiohttp's own drain limit); above it, tokens take the awaiting path, which
+#: waits for the client to read.
+DIRECT_WRITE_LIMIT = 0x10000
+
+
+def chunked(data: bytes) -> bytes:
+    """One HTTP/1.1 chunk (the response uses chunked transfer encoding)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def _outcome(status: int) -> str:
@@ -250,9 +259,10 @@ class FrontendApp:
         metrics = self.metrics
         perf = time.perf_counter_ns
         itl = None
+        transport = None  # set once aiohttp has written the headers: then chunks may go direct
 
         async def on_chunk(p: dict[str, Any]) -> None:
-            nonlocal itl
+            nonlocal itl, transport
             ids = p["t"]
             n = len(ids)
             if not n:
@@ -270,11 +280,30 @@ class FrontendApp:
             trace.tokens += n
             if lp is None:
                 await resp.write(enc.chunk(decode(ids)))
+                transport = request.transport
             else:
                 await resp.write(enc.chunk_with_logprobs(decode(ids), lp.build(p)))
 
+        def on_chunk_now(p: dict[str, Any]) -> bool:
+            """The same as on_chunk for a plain token chunk, without a task switch: written to
+            the transport in the request plane's read callback. Declines (False) until aiohttp
+            has sent the headers and the first event, and while the client is behind."""
+            t = transport
+            if t is None or t.is_closing() or t.get_write_buffer_size() > DIRECT_WRITE_LIMIT:
+                return False
+            ids = p["t"]
+            n = len(ids)
+            if not n:
+                return True
+            now = perf()
+            itl.observe((now - trace.last_token_ns) / (1e9 * n), n)  # type: ignore[union-attr]
+            trace.last_token_ns = now
+            trace.tokens += n
+            t.write(chunked(enc.chunk(decode(ids))))
+            return True
+
         try:
-            await self.dispatcher.run(req, trace, on_chunk)
+            await self.dispatcher.run(req, trace, on_chunk, on_chunk_now if lp is None else None)
             trace.end_ns = perf()
             if not resp.prepared:
                 await resp.prepare(request)

@@ -39,6 +39,9 @@ PREFILL_ROLES = ("prefill",)
 DECODE_ROLES = ("decode",)
 
 OnChunk = Callable[[dict[str, Any]], Awaitable[None]]
+#: Optional synchronous fast path for a CHUNK: True if it took the chunk without waiting,
+#: False to have it delivered to the OnChunk instead (e.g. while the client's socket is full).
+OnChunkNow = Callable[[dict[str, Any]], bool]
 
 
 @dataclass(slots=True)
@@ -122,8 +125,15 @@ class Dispatcher:
         self.migration_limit = migration_limit
         self._unavailable = unavailable_errors()
 
-    async def run(self, req: GenRequest, trace: Trace, on_chunk: OnChunk) -> None:
-        """Serve `req`, calling `on_chunk` with each CHUNK payload; ApiError on failure.
+    async def run(
+        self,
+        req: GenRequest,
+        trace: Trace,
+        on_chunk: OnChunk,
+        on_chunk_now: OnChunkNow | None = None,
+    ) -> None:
+        """Serve `req`, handing each CHUNK payload (in order, one call each) to `on_chunk_now`
+        when given and it takes it, else to `on_chunk`; ApiError on failure.
 
         On return, trace.finish / stop_reason / usage hold the END's values.
         """
@@ -132,6 +142,7 @@ class Dispatcher:
         exclude: set[str] = set()
         generated: list[int] | None = None
         sink = on_chunk
+        sink_now = on_chunk_now
         if self.migration_limit > 0:
             generated = []
             track = generated
@@ -140,10 +151,19 @@ class Dispatcher:
                 track.extend(p.get("t") or ())
                 await on_chunk(p)
 
+            if on_chunk_now is not None:
+                now = on_chunk_now
+
+                def sink_now(p: dict[str, Any]) -> bool:
+                    if now(p):
+                        track.extend(p.get("t") or ())
+                        return True
+                    return False
+
         last: _Retry | None = None
         while True:
             try:
-                await self._once(payload, model, trace, sink, exclude)
+                await self._once(payload, model, trace, sink, sink_now, exclude)
                 return
             except ApiError as exc:
                 if last is not None and exc.code == "no_worker":
@@ -180,6 +200,7 @@ class Dispatcher:
         model: str | None,
         trace: Trace,
         on_chunk: OnChunk,
+        on_chunk_now: OnChunkNow | None,
         exclude: set[str],
     ) -> None:
         workers = self.workers
@@ -191,7 +212,9 @@ class Dispatcher:
             decode_payload = dict(payload)
             decode_payload["handoff"] = end["handoff"]
             decode_payload["prefill_cached_tokens"] = usage.get("cached_tokens")
-            await self._leg(DECODE_ROLES, decode_payload, model, trace, on_chunk, exclude)
+            await self._leg(
+                DECODE_ROLES, decode_payload, model, trace, on_chunk, on_chunk_now, exclude
+            )
             return
         if self.enforce_disagg:
             raise ApiError(
@@ -199,7 +222,7 @@ class Dispatcher:
                 "no prefill worker available and --enforce-disagg is set",
                 code="no_prefill_worker",
             )
-        await self._leg(AGGREGATED_ROLES, payload, model, trace, on_chunk, exclude)
+        await self._leg(AGGREGATED_ROLES, payload, model, trace, on_chunk, on_chunk_now, exclude)
 
     async def _open(
         self,
@@ -236,11 +259,23 @@ class Dispatcher:
         stream: Any,
         on_chunk: OnChunk | None,
         held: list[dict[str, Any]] | None,
+        on_chunk_now: OnChunkNow | None = None,
     ) -> dict[str, Any]:
-        """Read a stream to its END; CHUNKs go to on_chunk (or are held). Returns the END."""
+        """Read a stream to its END; CHUNKs go to on_chunk_now / on_chunk (or are held).
+        Returns the END."""
         worker.inflight += 1
         ended = False
         emitted = False
+        if on_chunk_now is not None and held is None:
+
+            def direct(p: dict[str, Any]) -> bool:
+                nonlocal emitted
+                if on_chunk_now(p):
+                    emitted = True
+                    return True
+                return False
+
+            stream.direct = direct
         try:
             it = stream.__aiter__()
             while True:
@@ -264,6 +299,7 @@ class Dispatcher:
                     ended = True
                     break
         finally:
+            stream.direct = None
             worker.inflight -= 1
             if not ended:
                 try:
@@ -294,12 +330,13 @@ class Dispatcher:
         model: str | None,
         trace: Trace,
         on_chunk: OnChunk,
+        on_chunk_now: OnChunkNow | None,
         exclude: set[str],
     ) -> None:
         worker, stream = await self._open(roles, payload, model, exclude)
         trace.decode_worker_id = worker.worker_id
         trace.dispatch_ns = time.perf_counter_ns()
-        end = await self._consume(worker, stream, on_chunk, None)
+        end = await self._consume(worker, stream, on_chunk, None, on_chunk_now)
         trace.finish = end.get("finish")
         trace.stop_reason = end.get("stop_reason")
         trace.usage = end.get("usage")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 
@@ -43,9 +43,16 @@ def unavailable_end(message: str) -> dict:
 
 
 class ResponseStream:
-    """The frames of one request: `async for ftype, payload in stream` (ends after END)."""
+    """The frames of one request: `async for ftype, payload in stream` (ends after END).
 
-    __slots__ = ("_cancel_sent", "_conn", "_done", "_frames", "_waiter", "stream_id")
+    `direct`: optional. While set and nothing is queued, each CHUNK is offered to it as it
+    arrives, in the connection's read callback; it returns True when it took the chunk (then the
+    iterator never sees it), False to let the iterator deliver it. This saves a task wake-up per
+    token for a consumer that can handle a chunk without waiting; order is kept because a chunk
+    is never offered while earlier frames are queued.
+    """
+
+    __slots__ = ("_cancel_sent", "_conn", "_done", "_frames", "_waiter", "direct", "stream_id")
 
     def __init__(self, conn: _ClientConnection, stream_id: int) -> None:
         self._conn = conn
@@ -54,8 +61,13 @@ class ResponseStream:
         self._waiter: asyncio.Future[None] | None = None
         self._done = False  # END delivered to the consumer
         self._cancel_sent = False
+        self.direct: Callable[[dict], bool] | None = None
 
     def _deliver(self, ftype: int, payload: dict) -> None:
+        if ftype == _CHUNK and not self._frames:
+            direct = self.direct
+            if direct is not None and direct(payload):
+                return
         self._frames.append((ftype, payload))
         waiter = self._waiter
         if waiter is not None:
