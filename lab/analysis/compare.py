@@ -16,7 +16,11 @@ COMPARED = (
     ("latency_ms_avg", "latency avg ms"),
     ("latency_ms_p99", "latency p99 ms"),
     ("ttft_ms_avg", "TTFT avg ms"),
+    ("ttft_ms_p50", "TTFT p50 ms"),
     ("ttft_ms_p99", "TTFT p99 ms"),
+    ("itl_ms_avg", "ITL avg ms"),
+    ("tokens_per_chunk", "tok/chunk"),
+    ("server_cpu_us_per_token", "server CPU us/token"),
 )
 NEGLIGIBLE_PCT = 0.05
 
