@@ -97,6 +97,7 @@ class H2Connection(asyncio.Protocol):
         self._cont: tuple[int, int, list[bytes]] | None = None  # (sid, flags, fragments)
         self._paused = False
         self._transport_waiters: list[Stream] = []
+        self.on_closed: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -128,7 +129,11 @@ class H2Connection(asyncio.Protocol):
         self.closed = True
         self.transport = None
         self._out.clear()
-        self.lost(exc)
+        try:
+            self.lost(exc)
+        finally:
+            if self.on_closed is not None and not self.on_closed.done():
+                self.on_closed.set_result(None)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -311,9 +316,9 @@ class H2Connection(asyncio.Protocol):
         if end_stream:
             self.on_sent_end(st)
 
-    def send_message(self, st: Stream, msg: bytes) -> None:
+    def send_message(self, st: Stream, msg: bytes, end_stream: bool = False) -> None:
         """One gRPC message on `st`: one DATA frame when the windows allow (the fast path), else
-        queued on the stream and sent as the windows open."""
+        queued on the stream and sent as the windows open. `end_stream` half-closes after it."""
         n = len(msg) + 5
         if (
             not st.pending
@@ -323,10 +328,19 @@ class H2Connection(asyncio.Protocol):
         ):
             st.send_window -= n
             self._conn_send_window -= n
-            self.write(f.DATA_AND_PREFIX.pack(n >> 8, n & 0xFF, f.DATA, 0, st.sid, 0, n - 5))
+            flags = f.END_STREAM if end_stream else 0
+            self._out.append(
+                f.DATA_AND_PREFIX.pack(n >> 8, n & 0xFF, f.DATA, flags, st.sid, 0, n - 5)
+            )
             self.write(msg)
+            if end_stream:
+                st.ended_local = True
+                self.on_sent_end(st)
             return
         st.pending.append(memoryview(f.MESSAGE_PREFIX.pack(0, n - 5) + msg))
+        if end_stream:
+            st.ended_local = True
+            st.trailer = [f.frame(f.DATA, f.END_STREAM, st.sid)]
         self._pump(st)
 
     def writable(self, st: Stream) -> bool:

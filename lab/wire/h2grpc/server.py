@@ -23,20 +23,13 @@ import grpc.aio
 from . import frames as f
 from .conn import LOCAL_STREAM_WINDOW, H2Connection, Stream
 from .messages import MessageError, split_messages
+from .metadata import from_fields, to_fields
 
 log = logging.getLogger("lab.wire.h2grpc")
 
 _HEADERS_200 = f.encode_headers([(b":status", b"200"), (b"content-type", f.CONTENT_TYPE)])
 _TRAILERS_OK = f.encode_headers([(b"grpc-status", b"0")])
 _DEFAULT_MAX_RECEIVE = 4 * 1024 * 1024
-_RESERVED = {
-    b"te",
-    b"content-type",
-    b"user-agent",
-    b"grpc-timeout",
-    b"grpc-encoding",
-    b"grpc-accept-encoding",
-}
 
 
 class _HandlerCallDetails(NamedTuple):
@@ -61,39 +54,8 @@ def _status_block(
     fields.append((b"grpc-status", str(code.value[0]).encode()))
     if details:
         fields.append((b"grpc-message", f.encode_message(details)))
-    fields += _metadata_fields(metadata)
+    fields += to_fields(metadata)
     return f.encode_headers(fields)
-
-
-def _metadata_fields(
-    metadata: Sequence[tuple[str, str | bytes]] | None,
-) -> list[tuple[bytes, bytes]]:
-    out = []
-    for key, value in metadata or ():
-        k = key.lower().encode()
-        if k.endswith(b"-bin"):
-            import base64
-
-            raw = value if isinstance(value, bytes) else value.encode()
-            out.append((k, base64.b64encode(raw).rstrip(b"=")))
-        else:
-            out.append((k, value.encode() if isinstance(value, str) else value))
-    return out
-
-
-def _decode_metadata(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
-    import base64
-
-    out: list[tuple[str, str | bytes]] = []
-    for k, v in headers:
-        if k.startswith(b":") or k in _RESERVED:
-            continue
-        key = k.decode("latin-1")
-        if key.endswith("-bin"):
-            out.append((key, base64.b64decode(v + b"=" * (-len(v) % 4))))
-        else:
-            out.append((key, v.decode("latin-1")))
-    return tuple(out)
 
 
 class ServicerContext:
@@ -272,7 +234,7 @@ class _ServerConn(H2Connection):
         ):
             self.send_status(st, grpc.StatusCode.INTERNAL, "not a gRPC request")
             return
-        metadata = _decode_metadata(headers)
+        metadata = from_fields(headers)
         handler = self.server._lookup(method, metadata)
         if handler is None:
             self.send_status(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {method}")
@@ -380,7 +342,7 @@ class _ServerConn(H2Connection):
                     [
                         (b":status", b"200"),
                         (b"content-type", f.CONTENT_TYPE),
-                        *_metadata_fields(ctx._initial),
+                        *to_fields(ctx._initial),
                     ]
                 )
             else:
