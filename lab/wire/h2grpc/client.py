@@ -29,7 +29,7 @@ _DEFAULT_MAX_RECEIVE = 4 * 1024 * 1024
 #: Credit a stream's receive window once this much arrived - unless its consumer is behind.
 _ACK_AT = LOCAL_STREAM_WINDOW // 4
 #: A consumer with more messages than this buffered gets no more stream credit until it reads.
-_BEHIND = 64
+BEHIND_MESSAGES = 64
 
 _HTTP_TO_STATUS = {
     400: grpc.StatusCode.INTERNAL,
@@ -115,7 +115,7 @@ class _ClientConn(H2Connection):
         except MessageError as exc:
             self._end(st, getattr(grpc.StatusCode, exc.status), exc.details)
             return
-        if st.recv_unacked >= _ACK_AT and len(msgs) <= _BEHIND:
+        if st.recv_unacked >= _ACK_AT and len(msgs) <= BEHIND_MESSAGES:
             self.ack_stream(st)
         waiter = call._waiter
         if waiter is not None and msgs and not waiter.done():

@@ -193,6 +193,8 @@ class H2Connection(asyncio.Protocol):
         if flags & f.PADDED:
             payload = payload[1 : len(payload) - payload[0]]
         self._conn_recv_unacked += flow
+        if self._conn_recv_unacked > LOCAL_CONN_WINDOW:
+            raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection receive window exceeded")
         if self._conn_recv_unacked >= LOCAL_CONN_WINDOW // 2:
             self.write(f.window_update(0, self._conn_recv_unacked))
             self._conn_recv_unacked = 0
@@ -200,6 +202,10 @@ class H2Connection(asyncio.Protocol):
         if st is None or st.ended_remote:
             return  # a stream we reset or forgot: the connection window is still credited
         st.recv_unacked += flow
+        if st.recv_unacked > LOCAL_STREAM_WINDOW:
+            self.write(f.rst_stream(sid, f.FLOW_CONTROL_ERROR))
+            self.on_rst(st, f.FLOW_CONTROL_ERROR)
+            return
         if flags & f.END_STREAM:
             st.ended_remote = True
         self.on_data(st, payload, bool(flags & f.END_STREAM))
