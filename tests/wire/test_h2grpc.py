@@ -483,3 +483,68 @@ def test_timeout_and_message_encodings() -> None:
     assert f.parse_timeout(b"bogus") is None
     assert f.decode_message(f.encode_message(DETAILS)) == DETAILS
     assert LOCAL_STREAM_WINDOW > f.DEFAULT_WINDOW
+
+
+async def test_generated_stub_and_servicer_registration() -> None:
+    """Generated `add_HealthServicer_to_server` on H2GrpcServer, generated `HealthStub` on
+    H2GrpcChannel (protobuf serializers, `_registered_method`), unary and streaming (Watch)."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    servicer = health.aio.HealthServicer()
+    await servicer.set("svc", health_pb2.HealthCheckResponse.SERVING)
+    server = H2GrpcServer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = H2GrpcChannel(f"127.0.0.1:{port}")
+    try:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service="svc"), timeout=WAIT)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service="svc"))
+        first = await watch.read()
+        assert first.status == health_pb2.HealthCheckResponse.SERVING
+        await servicer.set("svc", health_pb2.HealthCheckResponse.NOT_SERVING)
+        second = await watch.read()
+        assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_client_respects_max_concurrent_streams(service: Service) -> None:
+    """More calls than the server's SETTINGS_MAX_CONCURRENT_STREAMS wait instead of failing."""
+    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4)])
+    server.add_generic_rpc_handlers((service.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = H2GrpcChannel(f"127.0.0.1:{port}")
+    try:
+        assert await channel.unary_unary(UNARY)(b"settings") == b"settings"
+        client = AsyncClient(channel)
+        results = await asyncio.gather(*(client.stream(STREAM, b"100:10") for _ in range(40)))
+        assert channel._conn is not None and channel._conn.peer_max_streams == 4
+        assert all(r == [_msg(i, 10) for i in range(100)] for r in results)
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_channel_close_cancels_inflight_calls(service: Service) -> None:
+    server, port = await start_server("h2", service)
+    channel = H2GrpcChannel(f"127.0.0.1:{port}")
+    try:
+        call = channel.unary_stream(HANG)(b"k1")
+        it = call.__aiter__()
+        assert await it.__anext__() == b"first"
+        await channel.close()
+        with pytest.raises(asyncio.CancelledError):
+            await it.__anext__()
+        assert await call.code() == grpc.StatusCode.CANCELLED
+        await wait_event(service.event(service.finalized, "k1"))
+    finally:
+        await server.stop(None)

@@ -68,6 +68,15 @@ class _ClientConn(H2Connection):
     def usable(self) -> bool:
         return not self.closed and not self.goaway_received and self.next_sid < 2**31 - 2
 
+    def has_room(self) -> bool:
+        """Below the server's SETTINGS_MAX_CONCURRENT_STREAMS (calls beyond it wait queued)."""
+        return self.peer_max_streams is None or len(self.streams) < self.peer_max_streams
+
+    def forget(self, st: Stream) -> None:
+        super().forget(st)
+        if self.channel._queued and self.channel._conn is self:
+            self.channel._open_queued(self)
+
     def open(self, call: _Call) -> None:
         sid = self.next_sid
         self.next_sid += 2
@@ -481,7 +490,10 @@ class H2GrpcChannel:
             return
         conn = self._conn
         if conn is not None and conn.usable:
-            conn.open(call)
+            if conn.has_room():
+                conn.open(call)
+            else:
+                self._queued.append(call)  # opened when a stream ends (`_ClientConn.forget`)
             return
         self._queued.append(call)
         if self._connect_task is None:
@@ -506,8 +518,11 @@ class H2GrpcChannel:
         finally:
             self._connect_task = None
         self._conn = conn
-        queued, self._queued = self._queued, []
-        for call in queued:
+        self._open_queued(conn)
+
+    def _open_queued(self, conn: _ClientConn) -> None:
+        while self._queued and conn.usable and conn.has_room():
+            call = self._queued.pop(0)
             if call._code is None:
                 conn.open(call)
 
@@ -535,16 +550,15 @@ class H2GrpcChannel:
             self._connect_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._connect_task
-        for call in self._queued:
-            call._finish(grpc.StatusCode.CANCELLED, "Channel closed!")
-        self._queued.clear()
+        queued, self._queued = self._queued, []
+        for call in queued:
+            call.cancel()
         conn, self._conn = self._conn, None
         if conn is None or conn.closed:
             return
         for st in list(conn.streams.values()):
             assert isinstance(st, _ClientStream)
-            conn.cancel_stream(st)
-            st.call._finish(grpc.StatusCode.CANCELLED, "Channel closed!")
+            st.call.cancel()  # as grpc.aio: a locally cancelled call (CancelledError to readers)
         conn.write(f.goaway(0, f.NO_ERROR))
         conn.flush()
         if conn.transport is not None:

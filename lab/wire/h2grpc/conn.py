@@ -410,6 +410,11 @@ class H2Connection(asyncio.Protocol):
             if not progressed:
                 break
 
+    def drop_pending(self, st: Stream) -> None:
+        """Abandon `st`'s queued data (it will never be sent)."""
+        st.pending.clear()
+        self._blocked.pop(st.sid, None)
+
     def forget(self, st: Stream) -> None:
         """Drop a finished or reset stream's state (its queued data is never sent)."""
         self.streams.pop(st.sid, None)

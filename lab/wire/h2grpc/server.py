@@ -264,6 +264,8 @@ class _ServerConn(H2Connection):
     def on_data(self, st: Stream, payload: bytes, end_stream: bool) -> None:
         assert isinstance(st, _ServerStream)
         if st.handler is None or st.status_sent:
+            if end_stream and st.ended_local and st.trailer is None:
+                self.streams.pop(st.sid, None)  # both sides done
             return
         try:
             st.partial = split_messages(
@@ -279,9 +281,12 @@ class _ServerConn(H2Connection):
             self._request_complete(st)
 
     def reset_later(self, st: Stream) -> None:
-        """We ended the stream before the client finished sending: tell it to stop."""
+        """We sent the status before the client finished sending: RST_STREAM(NO_ERROR) tells it
+        to stop (gRPC's convention), and the stream is forgotten. Call after `send_status` with
+        nothing queued."""
         if not st.ended_remote:
             self.write(f.rst_stream(st.sid, f.NO_ERROR))
+        self.forget(st)
 
     def _request_complete(self, st: _ServerStream) -> None:
         if st.handler is None or st.task is not None or st.status_sent:
@@ -327,6 +332,7 @@ class _ServerConn(H2Connection):
         st.deadline_timer = None
         if st.status_sent:
             return
+        self.drop_pending(st)  # the status goes out now, not behind data nobody waits for
         self.send_status(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         self.reset_later(st)
         self._cancel(st)
