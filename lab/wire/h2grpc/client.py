@@ -103,6 +103,9 @@ class _ClientConn(H2Connection):
                 return
             if not end_stream:
                 call._initial = from_fields(headers)
+                waiter = call._waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)  # someone awaits initial_metadata()
                 return
         if end_stream:
             hdr = dict(headers)
