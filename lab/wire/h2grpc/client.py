@@ -28,6 +28,8 @@ _LOCAL_CANCEL = "Locally cancelled by application!"
 _DEFAULT_MAX_RECEIVE = 4 * 1024 * 1024
 #: Credit a stream's receive window once this much arrived - unless its consumer is behind.
 _ACK_AT = LOCAL_STREAM_WINDOW // 4
+#: Refusals (REFUSED_STREAM / GOAWAY) one call is retried for before it fails UNAVAILABLE.
+MAX_TRANSPARENT_RETRIES = 8
 #: A consumer with more messages than this buffered gets no more stream credit until it reads.
 BEHIND_MESSAGES = 64
 
@@ -135,6 +137,8 @@ class _ClientConn(H2Connection):
 
     def on_rst(self, st: Stream, code: int) -> None:
         assert isinstance(st, _ClientStream)
+        if code == f.REFUSED_STREAM and self._retry(st):
+            return
         status = f.STATUS_BY_RST.get(code, grpc.StatusCode.INTERNAL)
         self._end(st, status, f"Received RST_STREAM with error code {code}", reset=False)
 
@@ -144,9 +148,24 @@ class _ClientConn(H2Connection):
         for sid, st in list(self.streams.items()):
             if sid > last_sid:
                 assert isinstance(st, _ClientStream)
-                self._end(st, grpc.StatusCode.UNAVAILABLE, "GOAWAY received", reset=False)
+                if not self._retry(st):
+                    self._end(st, grpc.StatusCode.UNAVAILABLE, "GOAWAY received", reset=False)
         if not self.streams and self.transport is not None:
             self.transport.close()
+
+    def _retry(self, st: _ClientStream) -> bool:
+        """Transparent retry, as grpc-core does, of a stream the server never processed
+        (REFUSED_STREAM, or above a GOAWAY's last stream id): the call goes back to the front of
+        the channel's queue. False when it got a response already or retried too often."""
+        call = st.call
+        if st.got_headers or call._code is not None or call._retries >= MAX_TRANSPARENT_RETRIES:
+            return False
+        call._retries += 1
+        self.forget(st)
+        call._st = None
+        call._conn = None
+        self.channel._requeue(call)
+        return True
 
     def lost(self, exc: Exception | None) -> None:
         self.channel._conn_done(self)
@@ -206,6 +225,7 @@ class _Call:
         self._st: _ClientStream | None = None
         self._conn: _ClientConn | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._retries = 0
         self._deadline: float | None = None
         if timeout is not None:
             self._deadline = self._loop.time() + timeout
@@ -500,6 +520,17 @@ class H2GrpcChannel:
             return
         self._queued.append(call)
         if self._connect_task is None:
+            self._connect_task = self._loop().create_task(self._connect(), name="h2grpc-connect")
+
+    def _requeue(self, call: _Call) -> None:
+        """A refused call: first in line. It opens when a stream ends (the server's stream
+        count dropped), at once if nothing is in flight, or on a new connection."""
+        self._queued.insert(0, call)
+        conn = self._conn
+        if conn is not None and conn.usable:
+            if not conn.streams:
+                self._open_queued(conn)
+        elif self._connect_task is None:
             self._connect_task = self._loop().create_task(self._connect(), name="h2grpc-connect")
 
     def _unqueue(self, call: _Call) -> None:
