@@ -545,3 +545,30 @@ async def test_channel_close_cancels_inflight_calls(service: Service) -> None:
         await wait_event(service.event(service.finalized, "k1"))
     finally:
         await server.stop(None)
+
+
+async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
+    """`wait_for_ready=True` calls wait through refused connects; others fail UNAVAILABLE."""
+    import socket
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    channel = H2GrpcChannel(f"127.0.0.1:{port}")
+    try:
+        waiting = channel.unary_unary(UNARY)(b"patient", timeout=WAIT, wait_for_ready=True)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await channel.unary_unary(UNARY)(b"hasty")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await wait_for(lambda: channel._failure is not None)
+        server = H2GrpcServer()
+        server.add_generic_rpc_handlers((service.handler(),))
+        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+        await server.start()
+        try:
+            assert await waiting == b"patient"
+        finally:
+            await server.stop(None)
+    finally:
+        await channel.close()

@@ -226,6 +226,7 @@ class _Call:
         self._conn: _ClientConn | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._retries = 0
+        self._wait_for_ready = False
         self._deadline: float | None = None
         if timeout is not None:
             self._deadline = self._loop.time() + timeout
@@ -421,7 +422,12 @@ class _MultiCallable:
         )
 
     def _start(
-        self, cls: type[_Call], request: Any, timeout: float | None, metadata: MetadataPairs | None
+        self,
+        cls: type[_Call],
+        request: Any,
+        timeout: float | None,
+        metadata: MetadataPairs | None,
+        wait_for_ready: bool | None,
     ) -> Any:
         block = self._block
         extra: list[tuple[bytes, bytes]] = []
@@ -433,6 +439,7 @@ class _MultiCallable:
             block += f.encode_headers(extra)
         payload = self._ser(request) if self._ser is not None else request
         call = cls(self._channel, block, payload, self._deser, timeout)
+        call._wait_for_ready = bool(wait_for_ready)
         self._channel._submit(call)
         return call
 
@@ -444,9 +451,10 @@ class UnaryStreamMultiCallable(_MultiCallable):
         *,
         timeout: float | None = None,
         metadata: MetadataPairs | None = None,
+        wait_for_ready: bool | None = None,
         **_: Any,
     ) -> UnaryStreamCall:
-        return self._start(UnaryStreamCall, request, timeout, metadata)
+        return self._start(UnaryStreamCall, request, timeout, metadata, wait_for_ready)
 
 
 class UnaryUnaryMultiCallable(_MultiCallable):
@@ -456,9 +464,10 @@ class UnaryUnaryMultiCallable(_MultiCallable):
         *,
         timeout: float | None = None,
         metadata: MetadataPairs | None = None,
+        wait_for_ready: bool | None = None,
         **_: Any,
     ) -> UnaryUnaryCall:
-        return self._start(UnaryUnaryCall, request, timeout, metadata)
+        return self._start(UnaryUnaryCall, request, timeout, metadata, wait_for_ready)
 
 
 class H2GrpcChannel:
@@ -480,6 +489,7 @@ class H2GrpcChannel:
         self._connect_task: asyncio.Task[None] | None = None
         self._queued: list[_Call] = []
         self._closed = False
+        self._failure: str | None = None  # set while connecting keeps failing
         self._ev_loop: asyncio.AbstractEventLoop | None = None
 
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -518,6 +528,9 @@ class H2GrpcChannel:
             else:
                 self._queued.append(call)  # opened when a stream ends (`_ClientConn.forget`)
             return
+        if self._failure is not None and not call._wait_for_ready:
+            call._finish(grpc.StatusCode.UNAVAILABLE, self._failure)  # fail fast, like grpc
+            return
         self._queued.append(call)
         if self._connect_task is None:
             self._connect_task = self._loop().create_task(self._connect(), name="h2grpc-connect")
@@ -538,19 +551,34 @@ class H2GrpcChannel:
             self._queued.remove(call)
 
     async def _connect(self) -> None:
+        """Connect; on failure fail the queued calls, except `wait_for_ready` ones, which wait
+        for a later attempt (backoff 0.1 s growing to 1 s) until their deadline."""
+        backoff = 0.1
         try:
-            _, conn = await self._loop().create_connection(
-                lambda: _ClientConn(self), self._host, self._port
-            )
-        except OSError as exc:
-            queued, self._queued = self._queued, []
-            for call in queued:
-                call._finish(
-                    grpc.StatusCode.UNAVAILABLE, f"failed to connect to all addresses: {exc}"
-                )
-            return
+            while True:
+                try:
+                    _, conn = await self._loop().create_connection(
+                        lambda: _ClientConn(self), self._host, self._port
+                    )
+                    break
+                except OSError as exc:
+                    self._failure = f"failed to connect to all addresses: {exc}"
+                    queued, self._queued = self._queued, []
+                    for call in queued:
+                        if call._code is not None:
+                            continue
+                        if call._wait_for_ready:
+                            self._queued.append(call)
+                        else:
+                            call._finish(grpc.StatusCode.UNAVAILABLE, self._failure)
+                    if not self._queued:
+                        self._failure = None  # the next call tries again
+                        return
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 1.6, 1.0)
         finally:
             self._connect_task = None
+        self._failure = None
         self._conn = conn
         self._open_queued(conn)
 
