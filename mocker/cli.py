@@ -143,6 +143,12 @@ def main() -> None:
     "N tokens plus the last ones (like vLLM --stream-interval, TensorRT-LLM stream_interval).",
 )
 @click.option(
+    "--grpc-server", type=click.Choice(sc.GRPC_SERVERS), default=sc.DEFAULT_GRPC_SERVER,
+    show_default=True,
+    help="gRPC server implementation: h2 (batched HTTP/2: one socket write per event-loop turn "
+    "for all streams) or aio (grpc.aio, the reference). Both speak the same wire protocol.",
+)
+@click.option(
     "--grace", type=float, default=sc.GRACE_S, show_default=True, callback=_non_negative,
     help="Seconds in-flight requests get to finish on SIGTERM/SIGINT.",
 )
@@ -166,6 +172,7 @@ def serve(
     record_requests: bool,
     stall_timeout: float,
     stream_interval: int,
+    grpc_server: str,
     grace: float,
     log_level: str,
 ) -> None:
@@ -194,6 +201,7 @@ def serve(
         stall_timeout_s=stall_timeout,
         grace_s=grace,
         stream_interval=stream_interval,
+        grpc_server=grpc_server,
         engine=args,
     )
     _setup_logging(log_level)

@@ -1,7 +1,8 @@
 """Assemble and run the mocker's gRPC server.
 
-One grpc.aio server on one port serves openengine.v1 Inference + Control, grpc.health.v1, the
-admin service and the request recorder. Graceful stop (SIGTERM/SIGINT): every health service
+One gRPC server on one port serves openengine.v1 Inference + Control, grpc.health.v1, the
+admin service and the request recorder: lab.wire.h2grpc's batched HTTP/2 server by default,
+grpc.aio with `--grpc-server aio`. Graceful stop (SIGTERM/SIGINT): every health service
 NOT_SERVING (liveness first), Watch streams end, in-flight requests get `grace_s` to finish, then
 the engine loop stops and `serve` returns 0.
 """
@@ -18,6 +19,7 @@ import grpc
 
 from lab.wire import constants as wc
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
+from lab.wire.h2grpc import H2GrpcServer
 from lab.wire.ready import format_ready
 from mocker.engine import EngineArgs, Scheduler
 
@@ -59,7 +61,11 @@ class MockerServer:
         fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server = (
+            H2GrpcServer(options=SERVER_OPTIONS)
+            if cfg.grpc_server == "h2"
+            else grpc.aio.server(options=SERVER_OPTIONS)
+        )
         add_inference(Inference(self.state), self.server)
         openengine_pb2_grpc.add_ControlServicer_to_server(Control(self.state), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -133,7 +139,7 @@ async def serve(cfg: ServerConfig, listen: str) -> int:
     server = MockerServer(cfg, listen)
     try:
         address = await server.start()
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:  # grpc.aio raises RuntimeError, h2grpc OSError
         log.error("cannot listen on %s: %s", listen, exc)
         return 1
     loop = asyncio.get_running_loop()
