@@ -8,7 +8,7 @@ import contextlib
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +16,21 @@ import click
 
 from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
 from lab.load.client import ClientOptions
-from lab.load.workload import ENDPOINTS, PROMPT_KINDS, WorkloadSpec
+from lab.load.workload import (
+    ENDPOINTS,
+    LAB_PROMPT_KIND,
+    PROMPT_KINDS,
+    TARGET_PROMPT_KIND,
+    WorkloadSpec,
+)
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY, FAULT_KINDS
 
 DEFAULT_CONC = "1,32,128,256"
 DEFAULT_ISL = WorkloadSpec.isl
 DEFAULT_OSL = WorkloadSpec.osl
-TARGET_TIMEOUT_S = 5.0
 # topology options that make sense with --target (the rest would be silently ignored)
-_TARGET_OK = {"model", "name"}
+_TARGET_OK = {"model", "name", "tokenizer"}
 _FAULT_RE = re.compile(r"^(?P<proc>[A-Za-z0-9_.-]+):(?P<kind>[a-z-]+)@(?P<num>\d+(?:\.\d+)?)"
                        r"(?P<unit>ms|s)?$")
 
@@ -109,42 +114,6 @@ def check_faults(faults: list[FaultSpec], spec: Any) -> None:
                                      param_hint="'--fault'")
 
 
-async def _served_models(target: str) -> list[str]:
-    import aiohttp
-
-    url = target.rstrip("/") + "/v1/models"
-    timeout = aiohttp.ClientTimeout(total=TARGET_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
-        if resp.status != 200:
-            raise click.BadParameter(f"{url} answered HTTP {resp.status}",
-                                     param_hint="'--target'")
-        data = await resp.json(content_type=None)
-    return [str(m.get("id")) for m in (data or {}).get("data", []) if isinstance(m, dict)]
-
-
-def check_target(target: str, model: str | None) -> str:
-    """Reachable, serves the model; returns the model to use (the only one if not given)."""
-    if not re.match(r"^https?://[^/\s]+", target):
-        raise click.BadParameter(f"{target!r} is not an http(s) URL, e.g. http://127.0.0.1:8000",
-                                 param_hint="'--target'")
-    try:
-        models = asyncio.run(_served_models(target))
-    except click.BadParameter:
-        raise
-    except Exception as exc:
-        raise click.BadParameter(f"cannot reach {target}: {type(exc).__name__}: {exc}",
-                                 param_hint="'--target'") from None
-    if model is None:
-        if len(models) == 1:
-            return models[0]
-        raise click.UsageError(f"--target {target} serves {len(models)} models "
-                               f"({', '.join(models) or 'none'}): choose one with --model")
-    if models and model not in models:
-        raise click.BadParameter(f"{target} does not serve model {model!r} (it serves: "
-                                 f"{', '.join(models)})", param_hint="'--model'")
-    return model
-
-
 # ----- the command -----
 
 def _positive(name: str, value: float | None) -> None:
@@ -157,7 +126,8 @@ def _positive(name: str, value: float | None) -> None:
               help="Concurrency levels (requests in flight), comma-separated.")
 @topology_options
 @click.option("--isl", type=int, default=DEFAULT_ISL, show_default=True,
-              help="Input (prompt) tokens per request, in the frontend's default tokenizer.")
+              help="Input (prompt) tokens per request: exact in --tokenizer's tokenizer when "
+              "given, else in the lab frontend's word tokenizer.")
 @click.option("--osl", type=int, default=DEFAULT_OSL, show_default=True,
               help="Output tokens per request (max_tokens = min_tokens, ignore_eos).")
 @click.option("--isl-stddev", type=float, default=0.0, show_default=True,
@@ -177,10 +147,14 @@ def _positive(name: str, value: float | None) -> None:
               help="Workload seed (prompts and lengths are deterministic for a seed).")
 @click.option("--shared-prefix", type=int, default=0, show_default=True, metavar="TOKENS",
               help="Tokens of prompt prefix shared by every request (prefix-cache hits).")
-@click.option("--prompt-kind", type=click.Choice(PROMPT_KINDS), default="token_ids",
-              show_default=True, help="Send prompts as token ids or as words.")
+@click.option("--prompt-kind", type=click.Choice(PROMPT_KINDS), default=None,
+              help="Prompt form: token_ids (a list of ids; with --tokenizer, ids of its "
+              "vocabulary), words (the lab word tokenizer's <token:N> words), or text (natural "
+              "text; exactly --isl tokens with --tokenizer).  [default: "
+              f"{TARGET_PROMPT_KIND} with --target or --tokenizer, else {LAB_PROMPT_KIND}]")
 @click.option("--endpoint", type=click.Choice(ENDPOINTS), default="completions",
-              show_default=True, help="OpenAI endpoint: /v1/completions or /v1/chat/completions.")
+              show_default=True, help="OpenAI endpoint: /v1/completions or /v1/chat/completions "
+              "(chat: the report states the server's chat-template overhead in prompt tokens).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (must not exist or be empty).  "
               "[default: results/<timestamp>-<name>]")
@@ -244,10 +218,7 @@ def sweep(**kw: Any) -> None:
         if kw["compare_disagg"]:
             raise click.UsageError("--compare-disagg needs a launched stack (not --target)")
 
-    workload = WorkloadSpec(isl=kw["isl"], osl=kw["osl"], isl_stddev=kw["isl_stddev"],
-                            osl_stddev=kw["osl_stddev"], seed=kw["seed"],
-                            shared_prefix=kw["shared_prefix"], prompt_kind=kw["prompt_kind"],
-                            endpoint=kw["endpoint"])
+    workload = workload_from_options(kw, target=target)
     from lab.load.sweep import SweepPlan
 
     plan = SweepPlan(
@@ -261,9 +232,11 @@ def sweep(**kw: Any) -> None:
             if kw[f"slo_{k}"] is not None}
     name = kw.get("name") or ("target" if target else "lab")
     if target:
-        model = check_target(target, kw.get("model"))
+        info = target_or_exit(target, kw.get("model"), workload, kw["timeout_s"],
+                              quiet=kw["quiet"])
+        plan.workload = replace(workload, include_usage=info.include_usage)
         run_dir = make_dir(name, kw["out"])
-        code = run_target(run_dir, target, model, plan, slos, kw)
+        code = run_target(run_dir, info.url, info.model, plan, slos, kw, info.to_dict())
     elif kw["compare_disagg"]:
         agg_kw = {**kw, "disagg": None, "prefill": None, "decode": None}
         dis_kw = {**kw, "disagg": True, "engines": None}
@@ -280,6 +253,54 @@ def sweep(**kw: Any) -> None:
         code = run_launched(run_dir, spec, plan, slos, faults, kw)
     sys.exit(code)
 
+
+
+def workload_from_options(kw: dict, *, target: str | None) -> WorkloadSpec:
+    """The workload of --isl/--osl/--prompt-kind/--endpoint/--tokenizer...; bad input gets a
+    message naming the option (shared by `lab sweep` and `lab nagle`)."""
+    tokenizer = kw.get("tokenizer")
+    if tokenizer is not None:
+        from lab.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
+
+        try:
+            load_hf(tokenizer)
+            tokenizer = str(tokenizer_json(tokenizer))
+        except TokenizerFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--tokenizer'") from None
+    kind = kw.get("prompt_kind") or (
+        TARGET_PROMPT_KIND if target or tokenizer else LAB_PROMPT_KIND)
+    if tokenizer is not None and kind == "words":
+        raise click.BadParameter("'words' is the lab word tokenizer's <token:N> form; with "
+                                 "--tokenizer use text or token_ids", param_hint="'--prompt-kind'")
+    try:
+        return WorkloadSpec(isl=kw["isl"], osl=kw["osl"], isl_stddev=kw.get("isl_stddev") or 0.0,
+                            osl_stddev=kw.get("osl_stddev") or 0.0, seed=kw["seed"],
+                            shared_prefix=kw.get("shared_prefix") or 0, prompt_kind=kind,
+                            endpoint=kw["endpoint"], tokenizer=tokenizer)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def target_or_exit(target: str, model: str | None, workload: WorkloadSpec, timeout_s: float,
+                   quiet: bool = False) -> Any:
+    """The shared target check (lab.load.target_check); a failure exits 2 with its message."""
+    import uvloop
+
+    from lab.load.target_check import DEFAULT_TIMEOUT_S as PROBE_TIMEOUT_S
+    from lab.load.target_check import TargetError, check_target
+
+    try:
+        info = uvloop.run(check_target(target, model, workload,
+                                       timeout_s=min(timeout_s, PROBE_TIMEOUT_S)))
+    except TargetError as exc:
+        raise click.BadParameter(exc.message, param_hint=f"'{exc.option}'") from None
+    if not quiet:
+        reported = (f", server counted {info.probe_prompt_tokens} prompt tokens for "
+                    f"{info.probe_isl} requested" if info.probe_prompt_tokens is not None else "")
+        _echo(f"target {info.url}: model {info.model}, streams{reported}", err=True)
+        for note in info.notes:
+            _echo(f"  note: {note}", err=True)
+    return info
 
 
 # ----- running -----
@@ -299,11 +320,13 @@ def make_dir(name: str, out: Path | None) -> Path:
 
 
 def _sweep_config(plan: Any, slos: dict, faults: list[FaultSpec], kw: dict, *,
-                  target: str | None = None, model: str | None = None) -> dict:
+                  target: str | None = None, model: str | None = None,
+                  target_check: dict | None = None) -> dict:
     return {
         "name": kw.get("name"),
         "target": target,
         "model": model,
+        "target_check": target_check,
         **plan.to_dict(),
         "slos": slos,
         "knee_threshold": kw["knee_threshold"],
@@ -441,11 +464,12 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: Any, quiet: bo
     await runner.run()
 
 
-def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw: dict) -> int:
+def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw: dict,
+               target_check: dict | None = None) -> int:
     from launch.config import write_config
 
     write_config(run_dir, extra={"sweep": _sweep_config(plan, slos, [], kw, target=target,
-                                                        model=model)})
+                                                        model=model, target_check=target_check)})
     code = _run(lambda: _targeted(run_dir, target, model, plan, kw["quiet"]))
     _print_results(run_dir, make_plots=not kw["no_plots"])
     return code
