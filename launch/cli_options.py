@@ -114,9 +114,10 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         help=f"Model name served by engines and frontend.  [default: {DEFAULT_MODEL}]")),
     (("--tokenizer",), dict(
         metavar="PATH",
-        help="Frontend: tokenize prompts and detokenize output with this HuggingFace "
-        "tokenizer.json (or a local model directory holding one; no hub access).  "
-        "[default: the word tokenizer, one token per whitespace-separated word]")),
+        help="A HuggingFace tokenizer.json, or a local model directory holding one (no hub "
+        "access). The launched frontend tokenizes prompts and detokenizes output with it, and "
+        "`lab sweep` builds prompts of exactly --isl tokens in it (with --target: only the "
+        "prompts).  [default: the frontend's word tokenizer, one token per word]")),
     (("--migration-limit",), dict(
         type=click.IntRange(0, 1000),
         help="Frontend: times a failed stream may move to another worker.  [default: 0]")),
