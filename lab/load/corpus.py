@@ -83,6 +83,23 @@ def exact_text(tokenizer: Any, n: int, rng: random.Random, head: str = "") -> st
     if n < 1:
         raise ValueError(f"n must be >= 1 (got {n})")
     gen = sentences(rng)
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            # no cut of this text works (e.g. a Metaspace tokenizer's lone "▁" token at
+            # n=1): try text that starts elsewhere in the stream, lower-case on odd attempts
+            for _ in range(rng.randint(1, 7)):
+                next(gen)
+        cut = _exact_cut(tokenizer, n, gen, head, lower=attempt % 2 == 1)
+        if cut is not None:
+            return cut
+    raise ExactTextError(f"no text of the corpus encodes to exactly {n} tokens in this "
+                         "tokenizer")
+
+
+ATTEMPTS = 32
+
+
+def _exact_cut(tokenizer: Any, n: int, gen: Any, head: str, lower: bool) -> str | None:
     text = head
     margin = 8
     while True:
@@ -91,6 +108,8 @@ def exact_text(tokenizer: Any, n: int, rng: random.Random, head: str = "") -> st
         if have >= n + margin:
             break
         more = " ".join(next(gen) for _ in range(max(4, n + margin - have)))
+        if lower:
+            more = more.lower()
         text = f"{text} {more}" if text else more
     ends = [end for _, end in enc.offsets]
     # the end of token n is the cut, unless cutting there re-tokenizes the last word into more
@@ -98,9 +117,9 @@ def exact_text(tokenizer: Any, n: int, rng: random.Random, head: str = "") -> st
     for k in sorted(range(max(1, n - margin), min(len(ends), n + margin) + 1),
                     key=lambda k: abs(k - n)):
         end = ends[k - 1]
-        if end < len(head):
+        if end < len(head) or end == 0:
             continue
         cut = text[:end]
         if count_tokens(tokenizer, cut) == n:
             return cut
-    raise ExactTextError(f"no cut of the generated text encodes to exactly {n} tokens")
+    return None

@@ -26,6 +26,8 @@ from lab.load.workload import RequestSet, WorkloadSpec, endpoint_path
 PROBE_OUTPUT_TOKENS = 4
 PROBE_LEVEL_SEED = 0
 DEFAULT_TIMEOUT_S = 30.0
+NOT_STREAMING = ("the server does not stream this request (the lab measures TTFT from streamed "
+                 "events)")
 _URL_RE = re.compile(r"^https?://[^/\s]+")
 
 
@@ -148,12 +150,14 @@ async def check_target(url: str, model: str | None, spec: WorkloadSpec, *,
             advice, option = _advice(http, msg, spec, path)
             raise TargetError(f"{what} got HTTP {http}: {msg or '(no error text)'}; {advice}",
                               option)
+        if kind == "incomplete" and not rec.get("chunks"):
+            raise TargetError(f"{what} got HTTP 200 but no SSE events: {NOT_STREAMING}",
+                              "--target")
         raise TargetError(f"{what}: the stream failed ({kind}: {msg}); the lab needs a server "
                           "that streams (SSE)", "--target")
     if not rec.get("chunks"):
         raise TargetError(f"the probe request ({_describe(spec)}) to {url}{path} got HTTP 200 "
-                          "but no content events: the server does not stream (the lab measures "
-                          "TTFT from streamed events)", "--target")
+                          f"but no content events: {NOT_STREAMING}", "--target")
     usage_in_stream = rec.get("output_tokens_source") == "usage"
     if include_usage and not usage_in_stream:
         notes.append("the stream carried no usage: output tokens are counted from its events, "

@@ -8,7 +8,8 @@ they differ from the lab's frontend:
 - /v1/models lists its one model (unless --no-models: 404).
 
 Options for the failure tests: `--fail-after N` (503 for every request after the first N),
-`--no-stream` (answers a streaming request with a plain JSON body), `--token-ids-ok`.
+`--no-stream` (answers a streaming request with a plain JSON body), `--token-ids-ok`, and
+`--stream-usage` (accepts `stream_options.include_usage` and sends usage, as vLLM does).
 
 Run it as a process: `python -m tests.load.strict_openai --port 0 --tokenizer DIR` (prints a
 ready line naming its address). It records every request's prompt token count in memory and
@@ -37,12 +38,13 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> we
 class StrictOpenAI:
     def __init__(self, tokenizer: str, *, model: str = "strict-model", models_endpoint: bool = True,
                  fail_after: int | None = None, stream: bool = True,
-                 token_ids_ok: bool = False) -> None:
+                 token_ids_ok: bool = False, stream_usage: bool = False) -> None:
         self.tok = load_hf(tokenizer)
         self.model = model
         self.fail_after = fail_after
         self.stream = stream
         self.token_ids_ok = token_ids_ok
+        self.stream_usage = stream_usage
         self.seen = 0
         self.prompt_tokens: list[int] = []
         self.app = web.Application()
@@ -86,7 +88,7 @@ class StrictOpenAI:
         if body.get("model") != self.model:
             return _error(404, f"The model `{body.get('model')}` does not exist.",
                           "NotFoundError")
-        if "stream_options" in body:
+        if "stream_options" in body and not self.stream_usage:
             return _error(400, "Unrecognized request argument supplied: stream_options")
         self.seen += 1
         if self.fail_after is not None and self.seen > self.fail_after:
@@ -114,6 +116,10 @@ class StrictOpenAI:
             choice["finish_reason"] = "length" if last else None
             await resp.write(b"data: " + orjson.dumps(
                 {"id": "x", "object": obj, "model": self.model, "choices": [choice]}) + b"\n\n")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(b"data: " + orjson.dumps(
+                {"id": "x", "object": obj, "model": self.model, "choices": [],
+                 "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -138,12 +144,14 @@ def main() -> None:
     ap.add_argument("--no-stream", action="store_true")
     ap.add_argument("--token-ids-ok", action="store_true")
     ap.add_argument("--fail-after", type=int, default=None)
+    ap.add_argument("--stream-usage", action="store_true")
     args = ap.parse_args()
 
     async def run() -> None:
         server = StrictOpenAI(args.tokenizer, model=args.model,
                               models_endpoint=not args.no_models, fail_after=args.fail_after,
-                              stream=not args.no_stream, token_ids_ok=args.token_ids_ok)
+                              stream=not args.no_stream, token_ids_ok=args.token_ids_ok,
+                              stream_usage=args.stream_usage)
         runner, url = await start(server, args.port)
         print(f"ready role=frontend id=strict listen={url.removeprefix('http://')}",
               file=sys.stderr, flush=True)
