@@ -77,6 +77,12 @@ class TokenCheck:
         if measured and all(r["prompt_reported"] is None for r in measured):
             out.append("the server reported no usage: its prompt tokens are unknown, and output "
                        "tokens were counted from the stream's content events")
+        reported = [r for r in measured if r["prompt_reported"] is not None]
+        if reported and not self.flagged:
+            over = " (plus the template overhead)" if self.overhead else ""
+            out.append(f"server-reported prompt tokens within {100 * TOKEN_TOLERANCE:g}% of ISL"
+                       f"{over} and completion tokens within {100 * TOKEN_TOLERANCE:g}% of OSL "
+                       "at every level")
         for r in self.flagged:
             parts = []
             if r["prompt_flag"]:

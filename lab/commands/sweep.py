@@ -299,6 +299,10 @@ def _print_results(run_dir: Path, title: str | None = None, make_plots: bool = T
     for line in summary_lines(analysis):
         _echo(line)
     _echo(client_sentence(analysis.table))
+    if analysis.tokens is not None and (analysis.tokens.flagged
+                                        or analysis.config.get("sweep", {}).get("target")):
+        for line in analysis.tokens.sentences():
+            _echo("tokens: " + line.replace("**", ""))
     if analysis.faults is not None:
         _echo()
         _echo(analysis.faults.markdown().rstrip())

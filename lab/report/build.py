@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from lab.analysis import rundir
-from lab.analysis.checks import failed_levels, token_check
+from lab.analysis.checks import TokenCheck, failed_levels, token_check
 from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
@@ -31,6 +31,7 @@ class RunAnalysis:
     config: dict
     plots: list[Path] = field(default_factory=list)
     faults: FaultAnalysis | None = None
+    tokens: TokenCheck | None = None  # requested vs server-reported tokens
 
 
 def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
@@ -159,7 +160,8 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         tokens_md=tokens_markdown(tokens) if tokens is not None else None,
     )
     (run_dir / rundir.REPORT).write_text(report)
-    return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults)
+    return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
+                       tokens)
 
 
 def summary_lines(analysis: RunAnalysis) -> list[str]:
