@@ -184,8 +184,8 @@ class ProbeOptions:
     many: int = DEFAULT_MANY
     threshold_ms: float = DEFAULT_THRESHOLD_MS
     speedup: float = DEFAULT_SPEEDUP
-    isl: int = 136
-    osl: int = 128
+    isl: int = WorkloadSpec.isl
+    osl: int = WorkloadSpec.osl
     seed: int = 0
     warmup: int = 0
     timeout_s: float = 60.0
@@ -487,9 +487,9 @@ def _run_dir(out: Path | None) -> Path:
               help="A stall: TTFT at least this far above the fastest decile.")
 @click.option("--speedup", type=click.FloatRange(min=0), default=DEFAULT_SPEEDUP, show_default=True,
               help="Engine speedup of the launched stack (1000: the engine is nearly free).")
-@click.option("--isl", type=click.IntRange(min=1), default=136, show_default=True,
-              help="Prompt tokens per request.")
-@click.option("--osl", type=click.IntRange(min=1), default=128, show_default=True,
+@click.option("--isl", type=click.IntRange(min=1), default=WorkloadSpec.isl, show_default=True,
+              help="Prompt tokens per request (exact in --tokenizer's tokenizer when given).")
+@click.option("--osl", type=click.IntRange(min=1), default=WorkloadSpec.osl, show_default=True,
               help="Output tokens per request.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,

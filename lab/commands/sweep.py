@@ -17,9 +17,7 @@ import click
 from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.client import ClientOptions
-from lab.load.workload import (
-    WorkloadSpec,
-)
+from lab.load.workload import WorkloadSpec
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY, FAULT_KINDS
 
