@@ -169,3 +169,12 @@ def test_every_request_failing_gives_a_report_not_a_traceback(
     code, text = run(report, str(out))
     assert code == 0, text
     assert "every request failed" in (out / "report.md").read_text()
+
+
+def test_bad_tokenizer_options_name_the_option(tok_dir: Path, tmp_path: Path) -> None:
+    for cmd in (sweep, nagle):
+        code, text = run(cmd, "--target", "http://127.0.0.1:9", "--tokenizer", str(tmp_path))
+        assert code == 2 and "'--tokenizer'" in text and "no tokenizer.json" in text, text
+        code, text = run(cmd, "--target", "http://127.0.0.1:9", "--tokenizer", str(tok_dir),
+                         "--prompt-kind", "words")
+        assert code == 2 and "'--prompt-kind'" in text and "use text or token_ids" in text, text
