@@ -377,7 +377,9 @@ def write_outputs(
         if not r.get("ok"):
             key = (r["arm"], int(r["level"]))
             errors[key] = errors.get(key, 0) + 1
-    pd.DataFrame.from_records(records).to_parquet(out / "requests.parquet", index=False)
+    frame = pd.DataFrame.from_records(records)
+    frame.to_parquet(out / "requests.parquet", index=False)
+    tokens_md = _tokens_section(frame, opts.endpoint)
     floor = next(
         (s.cluster_floor_ms for a in arms if a.stream
          and (s := results[a.name].at(SINGLE)) is not None and s.cluster_floor_ms is not None),
@@ -443,6 +445,7 @@ stretches every number).
 
 {table}
 {ttft_note}
+{tokens_md}
 ![TTFT CDF]({cdf.relative_to(out)})
 
 ![TTFT histograms]({hist.relative_to(out)})
@@ -452,6 +455,22 @@ stretches every number).
 
 
 # --- the command ----------------------------------------------------------------------------------
+
+
+def _tokens_section(frame: Any, endpoint: str) -> str:
+    """Requested vs server-reported tokens per concurrency (all arms together), as in a sweep's
+    report."""
+    from lab.analysis.checks import token_check
+    from lab.analysis.metrics import by_concurrency, summarize_run
+    from lab.report.tokens import tokens_markdown
+
+    if frame.empty:
+        return ""
+    check = token_check(frame, by_concurrency(summarize_run(frame)), endpoint)
+    if check is None:
+        return ""
+    return ("\n## Prompt and completion tokens: requested vs server-reported (all arms)\n\n"
+            + tokens_markdown(check) + "\n")
 
 
 def _run_dir(out: Path | None) -> Path:

@@ -117,6 +117,11 @@ def test_nagle_with_defaults_reaches_a_verdict(strict: Callable[..., str],
     doc = json.loads((out / "nagle.json").read_text())
     assert doc["model"] == "strict-model" and not doc["errors"]
     assert doc["verdict"]["outcome"] in ("no stall", "stall present"), doc["verdict"]
+    md = (out / "report.md").read_text()
+    # the non-streaming arm's usage tells the server's prompt tokens: without --tokenizer the
+    # corpus words split into several tokens of this small BPE each, and the report flags it
+    assert "## Prompt and completion tokens: requested vs server-reported (all arms)" in md, md
+    assert "**> 2% off**" in md and "try --tokenizer" in md, md
     config = json.loads((out / "config.json").read_text())
     assert config["nagle"]["prompt_kind"] == "text"
     assert config["nagle"]["target_check"]["include_usage"] is False
