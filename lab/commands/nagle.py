@@ -457,6 +457,10 @@ stretches every number).
 # --- the command ----------------------------------------------------------------------------------
 
 
+_CLIENT_COLUMNS = frozenset({"level", "ok", "warmup", "sent_ns", "end_ns", "done_ns",
+                             "chunk_times_ns", "isl_requested", "input_tokens_source"})
+
+
 def _tokens_section(frame: Any, endpoint: str) -> str:
     """Requested vs server-reported tokens per concurrency (all arms together), as in a sweep's
     report."""
@@ -464,8 +468,10 @@ def _tokens_section(frame: Any, endpoint: str) -> str:
     from lab.analysis.metrics import by_concurrency, summarize_run
     from lab.report.tokens import tokens_markdown
 
-    if frame.empty:
+    # records of the load client (reanalysed runs of older versions may lack these columns)
+    if frame.empty or not set(frame.columns) >= _CLIENT_COLUMNS:
         return ""
+    frame = frame.assign(concurrency=frame["level"])
     check = token_check(frame, by_concurrency(summarize_run(frame)), endpoint)
     if check is None:
         return ""
