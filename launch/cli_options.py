@@ -118,6 +118,12 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         help=f"Restart policy of sidecars.  [default: {DEFAULT_RESTART_SIDECAR}]")),
     (("--model",), dict(
         help=f"Model name served by engines and frontend.  [default: {DEFAULT_MODEL}]")),
+    (("--tokenizer",), dict(
+        metavar="PATH",
+        help="A HuggingFace tokenizer.json, or a local model directory holding one (no hub "
+        "access). The launched frontend tokenizes prompts and detokenizes output with it, and "
+        "`lab sweep` builds prompts of exactly --isl tokens in it (with --target: only the "
+        "prompts).  [default: the frontend's word tokenizer, one token per word]")),
     (("--migration-limit",), dict(
         type=click.IntRange(0, 1000),
         help="Frontend: times a failed stream may move to another worker.  [default: 0]")),
@@ -228,6 +234,14 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
     if sockets:
         spec.sockets = dataclasses.replace(spec.sockets, **sockets)
 
+    if opts["tokenizer"] is not None:
+        from lab.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
+
+        try:
+            load_hf(opts["tokenizer"])  # a file that does not load fails here, not at launch
+            spec.tokenizer = str(tokenizer_json(opts["tokenizer"]))
+        except TokenizerFileError as exc:
+            raise _bad("--tokenizer", str(exc)) from exc
     for option, field_name in (
         ("router", "router"), ("port", "frontend_port"), ("discovery", "discovery"),
         ("model", "model"), ("migration_limit", "migration_limit"),

@@ -110,6 +110,8 @@ def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str,
         argv.append("--split-writes")
     if spec.enforce_disagg:
         argv.append("--enforce-disagg")
+    if spec.tokenizer is not None:
+        argv += ["--tokenizer", spec.tokenizer]
     for role, count in spec.expected_workers().items():
         argv += ["--expect", f"{role}={count}"]
     return argv + list(spec.extra_frontend_args)

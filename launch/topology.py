@@ -16,6 +16,7 @@ TOML layout (every key optional):
     grace_s = 10
     migration_limit = 0
     enforce_disagg = false
+    tokenizer = "/path/to/model"  # the frontend tokenizes with this HuggingFace tokenizer.json
     # fleet defaults (apply to every [[fleet]] that does not set them)
     speedup = 1000.0
     decode_speedup = 1.0
@@ -120,6 +121,9 @@ class TopologySpec:
     grace_s: float = DEFAULT_GRACE_S
     migration_limit: int = 0
     enforce_disagg: bool = False
+    # a HuggingFace tokenizer.json (or a model directory holding one) for the frontend;
+    # None: the frontend's word tokenizer
+    tokenizer: str | None = None
     extra_frontend_args: list[str] = field(default_factory=list)
     # host name -> its `[hosts.NAME]` table as written (shaping keys, launch.linkshape)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -383,6 +387,14 @@ def _validate_topology(
     _check_number(spec.grace_s, ("grace_s",), loc, minimum=0)
     _check_int(spec.migration_limit, ("migration_limit",), loc, 0, 1000)
     _check_bool(spec.enforce_disagg, ("enforce_disagg",), loc)
+    if spec.tokenizer is not None:
+        _check_str(spec.tokenizer, ("tokenizer",), loc)
+        from lab.hf_tokenizer import TokenizerFileError, tokenizer_json
+
+        try:
+            tokenizer_json(spec.tokenizer)
+        except TokenizerFileError as exc:
+            raise loc.error(("tokenizer",), str(exc)) from None
     if not _str_list(spec.extra_frontend_args):
         raise loc.error(("extra_frontend_args",), "expected a list of strings")
     sockets = spec.sockets

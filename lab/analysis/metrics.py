@@ -185,6 +185,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
         "cached_tokens_mean": (float(ok_rows["cached_tokens"].mean())
                                if n_ok and ok_rows["cached_tokens"].notna().any() else None),
         "output_tokens_source": (ok_rows["output_tokens_source"].mode().iloc[0] if n_ok else None),
+        **requested_vs_reported(ok_rows),
         "tokens_per_chunk": out_tokens / chunks if chunks else None,
         "window_start_ns": start,
         "window_end_ns": end,
@@ -215,6 +216,29 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     return row
 
 
+def requested_vs_reported(ok_rows: pd.DataFrame) -> dict[str, float | None]:
+    """Mean prompt/completion tokens the workload asked for, and the server's usage figures
+    (None when the server reported none: then the client's fallback is not a server figure)."""
+    def mean(col: str, rows: pd.DataFrame) -> float | None:
+        v = rows[col].astype("float64") if col in rows else pd.Series(dtype="float64")
+        return float(v.mean()) if v.notna().any() else None
+
+    src_in = ok_rows.get("input_tokens_source")
+    src_out = ok_rows.get("output_tokens_source")
+    with_prompt = ok_rows[src_in == "usage"] if src_in is not None else ok_rows.iloc[:0]
+    with_completion = ok_rows[src_out == "usage"] if src_out is not None else ok_rows.iloc[:0]
+    return {
+        "isl_requested_mean": mean("isl_requested", ok_rows),
+        "prompt_tokens_reported_mean": mean("input_tokens", with_prompt),
+        "osl_requested_mean": mean("osl_requested", ok_rows),
+        "completion_tokens_reported_mean": mean("output_tokens", with_completion),
+    }
+
+
+def _numeric_or_none(values: pd.Series) -> bool:
+    return bool(values.map(lambda v: v is None or isinstance(v, int | float)).all())
+
+
 def level_key(concurrency: int, repeat: int) -> str:
     return f"{concurrency}/{repeat}"
 
@@ -228,7 +252,13 @@ def summarize_run(requests: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     for (conc, rep), g in requests.groupby(["concurrency", "repeat"], sort=True):
         client = (clients or {}).get(level_key(int(conc), int(rep)))
         rows.append(level_summary(g, procs=procs, client=client, slos=slos))
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    # a level where every request failed has None for every latency figure: keep such columns
+    # numeric (NaN), so the analysis reads them like any other level's
+    for col in [c for c in out.columns if pd.api.types.is_object_dtype(out[c].dtype)]:
+        if _numeric_or_none(out[col]):
+            out[col] = out[col].astype("float64")
+    return out
 
 
 def by_concurrency(levels: pd.DataFrame) -> pd.DataFrame:

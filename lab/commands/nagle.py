@@ -30,6 +30,8 @@ from lab.analysis.nagle import (
     kernel_facts,
     launched_verdict,
 )
+from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.load.workload import LAB_PROMPT_KIND, RequestSet, WorkloadSpec, endpoint_path
 from lab.serve.settings import DEFAULT_MODEL, SocketSettings
 from launch.topology import DEFAULT_SPEEDUP
 
@@ -182,25 +184,32 @@ class ProbeOptions:
     many: int = DEFAULT_MANY
     threshold_ms: float = DEFAULT_THRESHOLD_MS
     speedup: float = DEFAULT_SPEEDUP
-    isl: int = 136
-    osl: int = 128
+    isl: int = WorkloadSpec.isl
+    osl: int = WorkloadSpec.osl
     seed: int = 0
     warmup: int = 0
     timeout_s: float = 60.0
     model: str = DEFAULT_MODEL
     target: str | None = None
     topology: str | None = None  # a TOML topology (e.g. with hosts); each arm changes its sockets
+    prompt_kind: str = LAB_PROMPT_KIND
+    endpoint: str = "completions"
+    tokenizer: str | None = None  # prompts exact in it; the launched frontend tokenizes with it
+    include_usage: bool = True  # False: the target refused stream_options.include_usage
+
+    def workload(self, stream: bool = True) -> WorkloadSpec:
+        return WorkloadSpec(isl=self.isl, osl=self.osl, seed=self.seed, stream=stream,
+                            prompt_kind=self.prompt_kind, endpoint=self.endpoint,
+                            tokenizer=self.tokenizer, include_usage=self.include_usage)
 
 
 def _log(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _bodies(opts: ProbeOptions, model: str, arm: Arm, conc: int, level_seed: int) -> list[dict]:
-    from lab.load.workload import WorkloadSpec, build_requests
-
-    spec = WorkloadSpec(isl=opts.isl, osl=opts.osl, seed=opts.seed, stream=arm.stream)
-    return build_requests(spec, model, opts.requests, level_seed)
+def _bodies(opts: ProbeOptions, model: str, arm: Arm, conc: int,
+            level_seed: int) -> RequestSet:
+    return RequestSet(opts.workload(stream=arm.stream), model, level_seed, opts.requests)
 
 
 async def _run_arm_levels(url: str, model: str, arm: Arm, opts: ProbeOptions,
@@ -246,11 +255,12 @@ async def run_launched(arms: list[Arm], opts: ProbeOptions, out: Path) -> list[d
     for arm in arms:
         assert arm.sockets is not None
         if base is not None:
-            spec = replace(base, sockets=arm.sockets, name=f"nagle-{arm.name}")
+            spec = replace(base, sockets=arm.sockets, name=f"nagle-{arm.name}",
+                           tokenizer=opts.tokenizer or base.tokenizer)
         else:
             spec = TopologySpec.aggregated(
                 engines=1, speedup=opts.speedup, sockets=arm.sockets, model=opts.model,
-                name=f"nagle-{arm.name}",
+                name=f"nagle-{arm.name}", tokenizer=opts.tokenizer,
             )
         _log(f"arm {arm.name}: {arm.label} -- launching the stack")
         async with Stack(spec, out / "arms" / arm.name) as stack:
@@ -274,49 +284,6 @@ async def run_external(arms: list[Arm], opts: ProbeOptions) -> list[dict]:
                                   lambda a, conc: seeds[a.name] + conc)
         )
     return records
-
-
-async def check_target(url: str, model: str, timeout_s: float = 10.0) -> None:
-    """Fail with a message naming --target or --model unless `url` serves `model`."""
-    import aiohttp
-
-    base = url.rstrip("/")
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(base + "/v1/models") as resp:
-                if resp.status == 200:
-                    try:
-                        data = await resp.json(content_type=None)
-                        ids = [m.get("id") for m in data.get("data", [])]
-                    except (ValueError, AttributeError, TypeError):
-                        ids = None
-                    if ids is not None:
-                        if model in ids:
-                            return
-                        raise click.BadParameter(
-                            f"{url} does not serve model {model!r} "
-                            f"(it serves: {', '.join(map(str, ids)) or 'none'})",
-                            param_hint="--model",
-                        )
-            # no usable /v1/models: one tiny request tells
-            body = {"model": model, "prompt": "hello", "max_tokens": 1, "stream": False}
-            async with session.post(base + "/v1/completions", json=body) as resp:
-                if resp.status == 200:
-                    return
-                text = (await resp.text())[:300]
-                if resp.status == 404 and "model" in text.lower():
-                    raise click.BadParameter(
-                        f"{url} does not serve model {model!r}: {text}", param_hint="--model"
-                    )
-                raise click.BadParameter(
-                    f"{url}/v1/completions answered HTTP {resp.status}: {text}",
-                    param_hint="--target",
-                )
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise click.BadParameter(
-            f"cannot reach {url}: {type(exc).__name__}: {exc}", param_hint="--target"
-        ) from exc
 
 
 # --- analysis and outputs ---------------------------------------------------------------------
@@ -410,7 +377,9 @@ def write_outputs(
         if not r.get("ok"):
             key = (r["arm"], int(r["level"]))
             errors[key] = errors.get(key, 0) + 1
-    pd.DataFrame.from_records(records).to_parquet(out / "requests.parquet", index=False)
+    frame = pd.DataFrame.from_records(records)
+    frame.to_parquet(out / "requests.parquet", index=False)
+    tokens_md = _tokens_section(frame, opts.endpoint)
     floor = next(
         (s.cluster_floor_ms for a in arms if a.stream
          and (s := results[a.name].at(SINGLE)) is not None and s.cluster_floor_ms is not None),
@@ -446,11 +415,15 @@ def write_outputs(
         "\nNon-streaming arms: TTFT is the full response time.\n"
         if any(not a.stream for a in arms) else ""
     )
+    prompts = (f"{opts.prompt_kind} prompts on {endpoint_path(opts.workload())}"
+               + (f", tokenizer {opts.tokenizer}" if opts.tokenizer else "")
+               + ("" if opts.include_usage else ", no stream usage (the server refused it)"))
     arm_lines = "\n".join(f"- **{a.name}**: {a.label}" for a in arms)
     detail = "\n".join(f"- {line}" for line in verdict.lines)
     report = f"""# Nagle / delayed-ACK probe
 
-On {where}; {opts.requests} requests per level (ISL {opts.isl}, OSL {opts.osl}, seed {opts.seed}),
+On {where}; {opts.requests} requests per level (ISL {opts.isl}, OSL {opts.osl}, seed {opts.seed},
+{prompts}),
 concurrency {SINGLE} on a persistent connection and concurrency {opts.many}.
 Stall cluster: TTFT at least {opts.threshold_ms:g} ms above the fastest decile (per concurrency
 level, of the fastest arm at that level). At concurrency {opts.many} that share includes queueing:
@@ -472,6 +445,7 @@ stretches every number).
 
 {table}
 {ttft_note}
+{tokens_md}
 ![TTFT CDF]({cdf.relative_to(out)})
 
 ![TTFT histograms]({hist.relative_to(out)})
@@ -481,6 +455,28 @@ stretches every number).
 
 
 # --- the command ----------------------------------------------------------------------------------
+
+
+_CLIENT_COLUMNS = frozenset({"level", "ok", "warmup", "sent_ns", "end_ns", "done_ns",
+                             "chunk_times_ns", "isl_requested", "input_tokens_source"})
+
+
+def _tokens_section(frame: Any, endpoint: str) -> str:
+    """Requested vs server-reported tokens per concurrency (all arms together), as in a sweep's
+    report."""
+    from lab.analysis.checks import token_check
+    from lab.analysis.metrics import by_concurrency, summarize_run
+    from lab.report.tokens import tokens_markdown
+
+    # records of the load client (reanalysed runs of older versions may lack these columns)
+    if frame.empty or not set(frame.columns) >= _CLIENT_COLUMNS:
+        return ""
+    frame = frame.assign(concurrency=frame["level"])
+    check = token_check(frame, by_concurrency(summarize_run(frame)), endpoint)
+    if check is None:
+        return ""
+    return ("\n## Prompt and completion tokens: requested vs server-reported (all arms)\n\n"
+            + tokens_markdown(check) + "\n")
 
 
 def _run_dir(out: Path | None) -> Path:
@@ -516,9 +512,9 @@ def _run_dir(out: Path | None) -> Path:
               help="A stall: TTFT at least this far above the fastest decile.")
 @click.option("--speedup", type=click.FloatRange(min=0), default=DEFAULT_SPEEDUP, show_default=True,
               help="Engine speedup of the launched stack (1000: the engine is nearly free).")
-@click.option("--isl", type=click.IntRange(min=1), default=136, show_default=True,
-              help="Prompt tokens per request.")
-@click.option("--osl", type=click.IntRange(min=1), default=128, show_default=True,
+@click.option("--isl", type=click.IntRange(min=1), default=WorkloadSpec.isl, show_default=True,
+              help="Prompt tokens per request (exact in --tokenizer's tokenizer when given).")
+@click.option("--osl", type=click.IntRange(min=1), default=WorkloadSpec.osl, show_default=True,
               help="Output tokens per request.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
@@ -526,11 +522,18 @@ def _run_dir(out: Path | None) -> Path:
               "of a fresh connection is part of the signature).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Per-request timeout, seconds.")
+@prompt_form_options
+@click.option("--tokenizer", default=None, metavar="PATH",
+              help="A HuggingFace tokenizer.json or local model directory (no hub access): "
+              "prompts of exactly --isl tokens in it; the launched stack's frontend tokenizes "
+              "with it too.  [default: none: the lab frontend's word tokenizer]")
 @click.option("--target", default=None,
               help="Base URL of a running OpenAI-compatible server (e.g. http://127.0.0.1:8000): "
-              "nothing is launched and the arms become traffic shapes.")
+              "nothing is launched and the arms become traffic shapes. One probe request "
+              "checks it first.")
 @click.option("--model", default=None,
-              help=f"Model name. Required with --target. [default: {DEFAULT_MODEL}]")
+              help="Model name. With --target: the server's only model when /v1/models lists "
+              f"one, else required. [default: {DEFAULT_MODEL}]")
 @click.option("--topology", "topology", default=None,
               type=click.Path(path_type=Path, dir_okay=False, exists=True),
               help="Launch each arm on this TOML topology (e.g. fleets on network hosts, see "
@@ -557,6 +560,9 @@ def nagle(
     model: str | None,
     topology: Path | None,
     reanalyse_dir: Path | None,
+    prompt_kind: str | None,
+    endpoint: str,
+    tokenizer: str | None,
 ) -> None:
     """Probe the idle-connection Nagle / delayed-ACK stall and give a verdict with numbers.
 
@@ -574,11 +580,6 @@ def nagle(
         _finish(*reanalyse(reanalyse_dir, threshold_ms if explicit else None), reanalyse_dir)
         return
     external = target is not None
-    if external and not model:
-        raise click.UsageError("--target needs --model NAME (the model the server serves)")
-    if external and target and not target.startswith(("http://", "https://")):
-        raise click.BadParameter(f"{target!r}: expected an http:// or https:// URL",
-                                 param_hint="--target")
     if warmup >= n_requests:
         raise click.BadParameter(f"{warmup} must be below --requests ({n_requests})",
                                  param_hint="--warmup")
@@ -590,11 +591,16 @@ def nagle(
     selected = external_arms(names, gaps, many) if external else launched_arms(names, gaps, many)
     if not external and n_requests - warmup < MIN_SAMPLES:
         _log(f"note: fewer than {MIN_SAMPLES} measured requests per level: no verdict possible")
+    workload = workload_from_options(
+        {"isl": isl, "osl": osl, "seed": seed, "prompt_kind": prompt_kind, "endpoint": endpoint,
+         "tokenizer": tokenizer}, target=target)
     opts = ProbeOptions(
         requests=n_requests, many=many, threshold_ms=threshold_ms, speedup=speedup, isl=isl,
         osl=osl, seed=seed, warmup=warmup, timeout_s=timeout_s, model=model or DEFAULT_MODEL,
         target=target.rstrip("/") if target else None,
         topology=str(topology) if topology else None,
+        prompt_kind=workload.prompt_kind, endpoint=workload.endpoint,
+        tokenizer=workload.tokenizer,
     )
     if topology is not None and external:
         raise click.UsageError("--topology launches a stack; it cannot be combined with --target")
@@ -608,14 +614,18 @@ def nagle(
             raise click.BadParameter(str(exc), param_hint="--topology") from exc
     import uvloop
 
+    target_check = None
     if external:
-        assert opts.target is not None
-        uvloop.run(check_target(opts.target, opts.model))
+        assert target is not None
+        info = target_or_exit(target, model, workload, timeout_s)
+        opts.target, opts.model, opts.include_usage = info.url, info.model, info.include_usage
+        target_check = info.to_dict()
     out = _run_dir(out)
     write_config(out, {
         "mode": "external" if external else "launched",
         **asdict(opts),
         "arms": [a.to_dict() for a in selected],
+        "target_check": target_check,
     })
     if external:
         records = uvloop.run(run_external(selected, opts))

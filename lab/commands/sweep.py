@@ -8,24 +8,24 @@ import contextlib
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 
 from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
+from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.client import ClientOptions
-from lab.load.workload import ENDPOINTS, PROMPT_KINDS, WorkloadSpec
+from lab.load.workload import WorkloadSpec
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY, FAULT_KINDS
 
 DEFAULT_CONC = "1,32,128,256"
 DEFAULT_ISL = WorkloadSpec.isl
 DEFAULT_OSL = WorkloadSpec.osl
-TARGET_TIMEOUT_S = 5.0
 # topology options that make sense with --target (the rest would be silently ignored)
-_TARGET_OK = {"model", "name"}
+_TARGET_OK = {"model", "name", "tokenizer"}
 _FAULT_RE = re.compile(r"^(?P<proc>[A-Za-z0-9_.-]+):(?P<kind>[a-z-]+)@(?P<num>\d+(?:\.\d+)?)"
                        r"(?P<unit>ms|s)?$")
 
@@ -109,42 +109,6 @@ def check_faults(faults: list[FaultSpec], spec: Any) -> None:
                                      param_hint="'--fault'")
 
 
-async def _served_models(target: str) -> list[str]:
-    import aiohttp
-
-    url = target.rstrip("/") + "/v1/models"
-    timeout = aiohttp.ClientTimeout(total=TARGET_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
-        if resp.status != 200:
-            raise click.BadParameter(f"{url} answered HTTP {resp.status}",
-                                     param_hint="'--target'")
-        data = await resp.json(content_type=None)
-    return [str(m.get("id")) for m in (data or {}).get("data", []) if isinstance(m, dict)]
-
-
-def check_target(target: str, model: str | None) -> str:
-    """Reachable, serves the model; returns the model to use (the only one if not given)."""
-    if not re.match(r"^https?://[^/\s]+", target):
-        raise click.BadParameter(f"{target!r} is not an http(s) URL, e.g. http://127.0.0.1:8000",
-                                 param_hint="'--target'")
-    try:
-        models = asyncio.run(_served_models(target))
-    except click.BadParameter:
-        raise
-    except Exception as exc:
-        raise click.BadParameter(f"cannot reach {target}: {type(exc).__name__}: {exc}",
-                                 param_hint="'--target'") from None
-    if model is None:
-        if len(models) == 1:
-            return models[0]
-        raise click.UsageError(f"--target {target} serves {len(models)} models "
-                               f"({', '.join(models) or 'none'}): choose one with --model")
-    if models and model not in models:
-        raise click.BadParameter(f"{target} does not serve model {model!r} (it serves: "
-                                 f"{', '.join(models)})", param_hint="'--model'")
-    return model
-
-
 # ----- the command -----
 
 def _positive(name: str, value: float | None) -> None:
@@ -157,7 +121,8 @@ def _positive(name: str, value: float | None) -> None:
               help="Concurrency levels (requests in flight), comma-separated.")
 @topology_options
 @click.option("--isl", type=int, default=DEFAULT_ISL, show_default=True,
-              help="Input (prompt) tokens per request, in the frontend's default tokenizer.")
+              help="Input (prompt) tokens per request: exact in --tokenizer's tokenizer when "
+              "given, else in the lab frontend's word tokenizer.")
 @click.option("--osl", type=int, default=DEFAULT_OSL, show_default=True,
               help="Output tokens per request (max_tokens = min_tokens, ignore_eos).")
 @click.option("--isl-stddev", type=float, default=0.0, show_default=True,
@@ -177,10 +142,7 @@ def _positive(name: str, value: float | None) -> None:
               help="Workload seed (prompts and lengths are deterministic for a seed).")
 @click.option("--shared-prefix", type=int, default=0, show_default=True, metavar="TOKENS",
               help="Tokens of prompt prefix shared by every request (prefix-cache hits).")
-@click.option("--prompt-kind", type=click.Choice(PROMPT_KINDS), default="token_ids",
-              show_default=True, help="Send prompts as token ids or as words.")
-@click.option("--endpoint", type=click.Choice(ENDPOINTS), default="completions",
-              show_default=True, help="OpenAI endpoint: /v1/completions or /v1/chat/completions.")
+@prompt_form_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run directory (must not exist or be empty).  "
               "[default: results/<timestamp>-<name>]")
@@ -252,10 +214,7 @@ def sweep(**kw: Any) -> None:
     if target and kw["compare_disagg"]:
         raise click.UsageError("--compare-disagg needs a launched stack (not --target)")
 
-    workload = WorkloadSpec(isl=kw["isl"], osl=kw["osl"], isl_stddev=kw["isl_stddev"],
-                            osl_stddev=kw["osl_stddev"], seed=kw["seed"],
-                            shared_prefix=kw["shared_prefix"], prompt_kind=kw["prompt_kind"],
-                            endpoint=kw["endpoint"])
+    workload = workload_from_options(kw, target=target)
     from lab.load.sweep import SweepPlan
 
     plan = SweepPlan(
@@ -269,9 +228,12 @@ def sweep(**kw: Any) -> None:
             if kw[f"slo_{k}"] is not None}
     name = kw.get("name") or ("target" if target else "lab")
     if target:
-        model = check_target(target, kw.get("model"))
+        info = target_or_exit(target, kw.get("model"), workload, kw["timeout_s"],
+                              quiet=kw["quiet"])
+        plan.workload = replace(workload, include_usage=info.include_usage)
         run_dir = make_dir(name, kw["out"])
-        code = run_target(run_dir, target, model, plan, slos, kw, server_pids)
+        code = run_target(run_dir, info.url, info.model, plan, slos, kw, info.to_dict(),
+                          server_pids)
     elif kw["compare_disagg"]:
         agg_kw = {**kw, "disagg": None, "prefill": None, "decode": None}
         dis_kw = {**kw, "disagg": True, "engines": None}
@@ -307,11 +269,13 @@ def make_dir(name: str, out: Path | None) -> Path:
 
 
 def _sweep_config(plan: Any, slos: dict, faults: list[FaultSpec], kw: dict, *,
-                  target: str | None = None, model: str | None = None) -> dict:
+                  target: str | None = None, model: str | None = None,
+                  target_check: dict | None = None) -> dict:
     return {
         "name": kw.get("name"),
         "target": target,
         "model": model,
+        "target_check": target_check,
         **plan.to_dict(),
         "slos": slos,
         "knee_threshold": kw["knee_threshold"],
@@ -342,6 +306,10 @@ def _print_results(run_dir: Path, title: str | None = None, make_plots: bool = T
     for line in summary_lines(analysis):
         _echo(line)
     _echo(client_sentence(analysis.table))
+    if analysis.tokens is not None and (analysis.tokens.flagged
+                                        or analysis.config.get("sweep", {}).get("target")):
+        for line in analysis.tokens.sentences():
+            _echo("tokens: " + line.replace("**", ""))
     if analysis.faults is not None:
         _echo()
         _echo(analysis.faults.markdown().rstrip())
@@ -490,11 +458,12 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: Any, quiet: bo
 
 
 def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw: dict,
+               target_check: dict | None = None,
                server_pids: dict[str, int] | None = None) -> int:
     from launch.config import write_config
 
     write_config(run_dir, extra={"sweep": _sweep_config(plan, slos, [], kw, target=target,
-                                                        model=model)})
+                                                        model=model, target_check=target_check)})
     code = _run(lambda: _targeted(run_dir, target, model, plan, kw["quiet"],
                                   server_pids or {}))
     _print_results(run_dir, make_plots=not kw["no_plots"])

@@ -100,19 +100,22 @@ class _Payloads:
     def __init__(self, bodies: Sequence[dict], prebuild: bool) -> None:
         self.bodies = bodies
         self.n = len(bodies)
+        # a workload's RequestSet knows the lengths it asked for in its own tokenizer; a plain
+        # list of bodies is measured from the bodies (token ids, or whitespace-separated words)
+        self.requested = getattr(bodies, "requested", None)
         self.cache: list[tuple[bytes, int | None, int | None, bool]] | None = None
         if prebuild:
-            self.cache = [self._make(b) for b in bodies]
+            self.cache = [self._make(i) for i in range(self.n)]
 
-    @staticmethod
-    def _make(body: dict) -> tuple[bytes, int | None, int | None, bool]:
-        isl, osl = _requested(body)
+    def _make(self, i: int) -> tuple[bytes, int | None, int | None, bool]:
+        body = self.bodies[i]
+        isl, osl = self.requested(i) if self.requested is not None else _requested(body)
         return orjson.dumps(body), isl, osl, bool(body.get("stream", False))
 
     def get(self, i: int) -> tuple[bytes, int | None, int | None, bool]:
         if self.cache is not None:
             return self.cache[i]
-        return self._make(self.bodies[i])
+        return self._make(i)
 
 
 @dataclass

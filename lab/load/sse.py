@@ -100,6 +100,8 @@ def error_message_from_body(body: bytes | None, limit: int = 500) -> str:
             return err
         if "detail" in obj:
             return str(obj["detail"])[:limit]
+        if isinstance(obj.get("message"), str):  # e.g. Dynamo: {"message", "type", "code"}
+            return obj["message"][:limit]
     return body[:limit].decode(errors="replace")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from lab.analysis import rundir
+from lab.analysis.checks import failed_sentence
 from lab.analysis.metrics import level_key, summarize_run
 from lab.load.client import ClientOptions, LevelResult, Progress, run_level
 from lab.load.workload import RequestSet, WorkloadSpec
@@ -161,7 +162,20 @@ class SweepRunner:
 
     async def run(self) -> None:
         for concurrency, repeat in self.plan.levels():
-            await self.run_one(concurrency, repeat)
+            result = await self.run_one(concurrency, repeat)
+            failed = [r for r in result.records if not r.get("ok")]
+            if result.records and len(failed) == len(result.records):
+                raise LevelFailed(concurrency, failed)
+
+
+class LevelFailed(RuntimeError):
+    """Every request of a level failed: the sweep stops (the next levels would fail the same
+    way); the level is kept, with its errors, in the run directory."""
+
+    def __init__(self, concurrency: int, failed: list[dict]) -> None:
+        self.concurrency = concurrency
+        super().__init__(f"c={concurrency}: {failed_sentence(failed)}; the sweep stopped "
+                         "there (the next levels would fail the same way)")
 
 
 def level_line(row: pd.Series, label: str) -> str:

@@ -1,11 +1,20 @@
 """Synthetic OpenAI request bodies: exactly ISL prompt tokens, exactly OSL output tokens.
 
-Prompts are built for the frontend's default tokenizer (one token per whitespace-separated
-word; `<token:N>` is token N), so the frontend sees exactly `isl` prompt tokens:
+Without a tokenizer, prompts are built for the lab frontend's default tokenizer (one token per
+whitespace-separated word; `<token:N>` is token N), so the frontend sees exactly `isl` tokens:
 
 - ``prompt_kind="token_ids"``: the prompt is a list of token ids in [1000, 31999];
 - ``prompt_kind="words"``: the prompt is a string of `isl` words (`<token:N>` words, so every
-  word is one token under the default tokenizer and the ids are the same as the token-id form).
+  word is one token under the default tokenizer and the ids are the same as the token-id form);
+- ``prompt_kind="text"``: natural-looking text (`lab.load.corpus`) of `isl` words: exact in the
+  word tokenizer, and close to `isl` tokens on a real one (common words are one or two tokens).
+
+With ``tokenizer`` (a HuggingFace tokenizer.json or model directory), prompts are exact in
+*that* tokenizer: ``text`` is corpus text that encodes (``add_special_tokens=False``) to exactly
+`isl` tokens, ``token_ids`` the ids of that text (so they are in the model's vocabulary);
+``words`` is the lab tokenizer's form and is refused. The shared prefix is `shared_prefix`
+tokens of such text, the same for every request of a seed, and ends at a word boundary, so the
+requests' own text follows it without changing its tokens.
 
 Output length is pinned with ``max_tokens = min_tokens = osl`` and ``ignore_eos``. Lengths may
 vary (normal distribution, clipped to >= 1) with ``isl_stddev`` / ``osl_stddev``. A shared
@@ -20,11 +29,17 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import overload
+from typing import Any, overload
+
+from lab.load.corpus import exact_text, words_text
 
 TOKEN_ID_MIN = 1000
 TOKEN_ID_MAX = 31999
-PROMPT_KINDS = ("token_ids", "words")
+PROMPT_KINDS = ("token_ids", "words", "text")
+# the prompt form against a server the lab did not launch (any OpenAI-compatible server takes
+# text; many refuse token ids, or ids outside their vocabulary)
+TARGET_PROMPT_KIND = "text"
+LAB_PROMPT_KIND = "token_ids"  # the launched stack's default (no tokenization in the frontend)
 ENDPOINTS = ("completions", "chat")
 # nvext fields asked of the frontend: prefill/decode worker ids on the finishing chunk.
 NVEXT_EXTRA_FIELDS = ["worker_id"]
@@ -38,9 +53,11 @@ class WorkloadSpec:
     osl_stddev: float = 0.0
     seed: int = 0
     shared_prefix: int = 0
-    prompt_kind: str = "token_ids"  # "token_ids" | "words"
+    prompt_kind: str = LAB_PROMPT_KIND  # "token_ids" | "words" | "text"
     stream: bool = True
-    endpoint: str = "completions"  # "completions" | "chat" (chat always sends word prompts)
+    endpoint: str = "completions"  # "completions" | "chat" (chat sends text: words or text)
+    tokenizer: str | None = None  # a HuggingFace tokenizer.json / model dir: prompts exact in it
+    include_usage: bool = True  # ask for usage in streams (stream_options.include_usage)
 
     def __post_init__(self) -> None:
         if self.isl < 1:
@@ -56,6 +73,9 @@ class WorkloadSpec:
                 f"prompt_kind must be one of {PROMPT_KINDS} (got {self.prompt_kind!r})")
         if self.endpoint not in ENDPOINTS:
             raise ValueError(f"endpoint must be one of {ENDPOINTS} (got {self.endpoint!r})")
+        if self.tokenizer is not None and self.prompt_kind == "words":
+            raise ValueError("prompt_kind 'words' is the lab word tokenizer's <token:N> form; "
+                             "with a tokenizer use 'text' or 'token_ids'")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,18 +117,82 @@ def ids_to_words(ids: list[int]) -> str:
     return " ".join(f"<token:{i}>" for i in ids)
 
 
+class Prompts:
+    """The prompts of one workload: `prompt(level_seed, index)` -> (prompt, isl).
+
+    Loads the tokenizer (once per process) and builds the shared prefix on first use; pickles
+    without them (a spawned client process rebuilds them)."""
+
+    def __init__(self, spec: WorkloadSpec) -> None:
+        self.spec = spec
+        self._tok: Any = None
+        self._prefix: Any = None
+
+    def __getstate__(self) -> dict:
+        return {"spec": self.spec, "_tok": None, "_prefix": None}
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tok is None and self.spec.tokenizer is not None:
+            from lab.hf_tokenizer import load_hf
+
+            self._tok = load_hf(self.spec.tokenizer)
+        return self._tok
+
+    def prefix(self) -> Any:
+        """Prefix ids (no tokenizer), or the prefix text (with a tokenizer or text prompts)."""
+        if self._prefix is None:
+            spec = self.spec
+            if spec.tokenizer is None and spec.prompt_kind != "text":
+                self._prefix = _shared_prefix_ids(spec)
+            elif spec.shared_prefix == 0:
+                self._prefix = ""
+            else:
+                rng = random.Random(f"prefix-text/{spec.seed}")
+                if spec.tokenizer is None:
+                    self._prefix = words_text(rng, spec.shared_prefix)
+                else:
+                    self._prefix = exact_text(self.tokenizer, spec.shared_prefix, rng)
+        return self._prefix
+
+    def prompt(self, level_seed: int, index: int) -> tuple[str | list[int], int]:
+        spec = self.spec
+        prefix = self.prefix()
+        if spec.tokenizer is None and spec.prompt_kind != "text":
+            ids = prompt_ids(spec, level_seed, index, prefix)
+            return (ids if spec.prompt_kind == "token_ids" and spec.endpoint != "chat"
+                    else ids_to_words(ids)), len(ids)
+        rng = random.Random(f"req/{spec.seed}/{level_seed}/{index}")
+        isl = _length(rng, spec.isl, spec.isl_stddev)
+        if spec.tokenizer is None:
+            head = prefix.split()[:isl]
+            rest = words_text(rng, isl - len(head)) if isl > len(head) else ""
+            return " ".join([*head, rest] if rest else head), isl
+        tok = self.tokenizer
+        if isl <= spec.shared_prefix:
+            # the prefix's own first `isl` tokens: the same text generator, cut shorter
+            text = exact_text(tok, isl, random.Random(f"prefix-text/{spec.seed}"))
+        else:
+            text = exact_text(tok, isl, rng, head=prefix)
+        if spec.prompt_kind == "token_ids" and spec.endpoint != "chat":
+            return tok.encode(text, add_special_tokens=False).ids, isl
+        return text, isl
+
+
 def build_body(spec: WorkloadSpec, model: str, level_seed: int, index: int,
-               prefix: list[int] | None = None) -> dict:
+               prefix: list[int] | None = None, prompts: Prompts | None = None) -> dict:
     """One OpenAI request body (deterministic)."""
-    ids = prompt_ids(spec, level_seed, index, prefix)
+    if prompts is None:
+        prompts = Prompts(spec)
+        if prefix is not None:
+            prompts._prefix = prefix
+    prompt, _ = prompts.prompt(level_seed, index)
     osl = output_len(spec, level_seed, index)
     body: dict = {"model": model}
     if spec.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": ids_to_words(ids)}]
-    elif spec.prompt_kind == "words":
-        body["prompt"] = ids_to_words(ids)
+        body["messages"] = [{"role": "user", "content": prompt}]
     else:
-        body["prompt"] = ids
+        body["prompt"] = prompt
     body.update(
         max_tokens=osl,
         min_tokens=osl,
@@ -116,7 +200,7 @@ def build_body(spec: WorkloadSpec, model: str, level_seed: int, index: int,
         stream=spec.stream,
         nvext={"extra_fields": list(NVEXT_EXTRA_FIELDS)},
     )
-    if spec.stream:
+    if spec.stream and spec.include_usage:
         body["stream_options"] = {"include_usage": True}
     return body
 
@@ -133,7 +217,7 @@ class RequestSet(Sequence[dict]):
         self.model = model
         self.level_seed = level_seed
         self.n = n
-        self._prefix = _shared_prefix_ids(spec)
+        self.prompts = Prompts(spec)
 
     def __len__(self) -> int:
         return self.n
@@ -149,7 +233,13 @@ class RequestSet(Sequence[dict]):
             i += self.n
         if not 0 <= i < self.n:
             raise IndexError(i)
-        return build_body(self.spec, self.model, self.level_seed, i, self._prefix)
+        return build_body(self.spec, self.model, self.level_seed, i, prompts=self.prompts)
+
+    def requested(self, i: int) -> tuple[int, int]:
+        """(prompt tokens, output tokens) requested by body `i`, in the workload's tokenizer."""
+        rng = random.Random(f"req/{self.spec.seed}/{self.level_seed}/{i}")
+        return (_length(rng, self.spec.isl, self.spec.isl_stddev),
+                output_len(self.spec, self.level_seed, i))
 
     def __iter__(self) -> Iterator[dict]:
         for i in range(self.n):

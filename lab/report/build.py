@@ -13,11 +13,13 @@ from pathlib import Path
 import pandas as pd
 
 from lab.analysis import rundir
+from lab.analysis.checks import TokenCheck, failed_levels, token_check
 from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
 from lab.report import plots
 from lab.report.markdown import build_report, delivery_sentence, fnum
+from lab.report.tokens import tokens_markdown
 
 
 @dataclass
@@ -29,9 +31,12 @@ class RunAnalysis:
     config: dict
     plots: list[Path] = field(default_factory=list)
     faults: FaultAnalysis | None = None
+    tokens: TokenCheck | None = None  # requested vs server-reported tokens
 
 
 def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
+    if table.empty or not {"req_s", "latency_ms_avg"} <= set(table.columns):
+        return find_knee([], [], [], threshold)
     t = table.dropna(subset=["req_s", "latency_ms_avg"])
     return find_knee(list(t["concurrency"]), list(t["req_s"]), list(t["latency_ms_avg"]),
                      threshold)
@@ -154,6 +159,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     elif rundir.read_procs(run_dir) is None:
         note = "Per-process server CPU is absent: the run directory has no procs.parquet."
     name = sweep.get("name") or run_dir.name
+    tokens = token_check(requests, table, (sweep.get("workload") or {}).get("endpoint", ""))
     report = build_report(
         title=title or f"Sweep {name}",
         setup=_setup_lines(config, requests),
@@ -163,9 +169,12 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         server_cpu_note=note,
         fault_md=faults.markdown() if faults is not None else None,
         delivery=delivery_sentence(table, stream_interval_of(config)),
+        failed_lines=failed_levels(requests),
+        tokens_md=tokens_markdown(tokens) if tokens is not None else None,
     )
     (run_dir / rundir.REPORT).write_text(report)
-    return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults)
+    return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
+                       tokens)
 
 
 def summary_lines(analysis: RunAnalysis) -> list[str]:

@@ -156,11 +156,17 @@ def server_cpu_table(levels: pd.DataFrame) -> str | None:
 def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Knee,
                  plots: list[tuple[str, str]], server_cpu_note: str | None = None,
                  fault_md: str | None = None, compare_md: str | None = None,
-                 delivery: str | None = None) -> str:
-    """The whole report.md. plots: [(caption, relative path)]."""
+                 delivery: str | None = None, failed_lines: list[str] | None = None,
+                 tokens_md: str | None = None) -> str:
+    """The whole report.md. plots: [(caption, relative path)]; delivery: the tokens-per-event
+    sentence; failed_lines: one sentence per level where every request failed; tokens_md:
+    requested vs server-reported tokens."""
     parts = [f"# {title}", ""]
     parts += [f"- {s}" for s in setup]
     parts += ["", "## Results", "", results_table(levels), ""]
+    parts += [f"**{line}**" for line in failed_lines or []]
+    if failed_lines:
+        parts += [""]
     parts += [f"**{knee.sentence()}**", ""]
     if knee.steps:
         effs = ", ".join(
@@ -170,6 +176,9 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
     if delivery:
         parts += [delivery, ""]
     parts += [client_sentence(levels), ""]
+    if tokens_md:
+        parts += ["## Prompt and completion tokens: requested vs server-reported", "", tokens_md,
+                  ""]
     if compare_md:
         parts += ["## Comparison", "", compare_md, ""]
     if fault_md:

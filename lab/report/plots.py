@@ -98,7 +98,8 @@ def ttft_distribution(requests: pd.DataFrame, path: Path, title: str = "") -> Pa
     ax_c.set_ylabel("fraction of requests <= x")
     ax_c.set_title("TTFT CDF per concurrency")
     for ax in (ax_h, ax_c):
-        ax.legend(title="concurrency", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no successful request: no curve to label
+            ax.legend(title="concurrency", fontsize=8)
         ax.grid(True, alpha=0.3, which="both")
     if title:
         fig.suptitle(title)

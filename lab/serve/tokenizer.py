@@ -12,8 +12,10 @@ N tokens, which is what a load lab wants:
   to the engine as a stop token id); anything else cannot be expressed at token level and is
   rejected by the frontend (400 naming `stop`).
 
-`HFTokenizer` loads a HuggingFace `tokenizer.json` with the optional `tokenizers` package
-(imported only when used). Its stop strings map when they encode to exactly one token. A stream
+`HFTokenizer` loads a HuggingFace `tokenizer.json` with the `tokenizers` package (imported only
+when used) through `lab.hf_tokenizer`, the loader the workload uses too, so `lab up --tokenizer
+DIR` and `lab sweep --tokenizer DIR` count prompt tokens the same way (add_special_tokens=False).
+Its stop strings map when they encode to exactly one token. A stream
 decodes each chunk on its own, so a tokenizer whose decoder joins pieces across tokens (byte-level
 BPE splitting a character over two chunks) may render a chunk boundary differently from a
 one-shot decode; non-streaming responses decode all tokens at once.
@@ -94,31 +96,29 @@ class WordTokenizer:
 
 
 class HFTokenizer:
-    """A HuggingFace `tokenizer.json` (file, or a directory holding one)."""
+    """A HuggingFace `tokenizer.json` (file, or a directory holding one).
+
+    The mock engines' output ids are not bounded by this tokenizer's vocabulary, so decode maps
+    an id outside it to `id mod vocabulary size` (deterministic, and never empty text, which a
+    client would not count as a token)."""
 
     def __init__(self, path: str | Path) -> None:
+        from lab.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
+
         try:
-            from tokenizers import Tokenizer as _HF
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise RuntimeError(
-                "--tokenizer needs the optional `tokenizers` package: pip install tokenizers"
-            ) from exc
-        p = Path(path)
-        if p.is_dir():
-            p = p / "tokenizer.json"
-        if not p.is_file():
-            raise FileNotFoundError(f"--tokenizer {path}: no tokenizer.json found")
-        try:
-            self._tok = _HF.from_file(str(p))
-        except Exception as exc:
-            raise ValueError(f"--tokenizer {path}: cannot load: {exc}") from exc
+            self._tok = load_hf(path)
+            p = tokenizer_json(path)
+        except TokenizerFileError as exc:
+            raise ValueError(f"--tokenizer {exc}") from None
         self.name = str(p)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=False)
+        n = self.vocab_size
+        return self._tok.decode([i if i < n else i % n for i in ids], skip_special_tokens=False)
 
     def stop_token_id(self, stop: str) -> int | None:
         ids = self._tok.encode(stop, add_special_tokens=False).ids

@@ -77,4 +77,4 @@ async def test_external_probe_unreachable_target_fails_clearly(tmp_path: Path) -
     assert "--target" in err and "cannot reach http://127.0.0.1:9" in err
     assert "Traceback" not in err
     rc, _, err = await _lab("nagle", "--target", "http://127.0.0.1:9", timeout=30)
-    assert rc == 2 and "--model" in err
+    assert rc == 2 and "--target" in err and "cannot reach" in err  # before any --model check

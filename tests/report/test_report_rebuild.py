@@ -105,3 +105,13 @@ def test_compare_runs(tmp_path: Path) -> None:
         assert (out / name).exists(), name
     result = CliRunner().invoke(compare, [str(tmp_path / "a")])
     assert result.exit_code == 2
+
+
+def test_knee_of_a_table_without_figures_is_no_knee() -> None:
+    # no level measured anything (or a level table without latency columns): no knee, no KeyError
+    import pandas as pd
+
+    from lab.report.build import knee_of
+
+    assert knee_of(pd.DataFrame()).knee is None
+    assert knee_of(pd.DataFrame({"concurrency": [1, 2], "req_s": [None, None]})).knee is None

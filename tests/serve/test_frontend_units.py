@@ -68,7 +68,7 @@ def test_hf_tokenizer_json(tmp_path: Path) -> None:
         assert tok.decode([1, 2]).split() == ["hello", "world"]
         assert tok.stop_token_id("stop") == 3
         assert tok.stop_token_id("hello world") is None
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ValueError, match=r"no tokenizer\.json"):
         load_tokenizer(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"not": "a tokenizer"}))

@@ -131,9 +131,9 @@ def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     "tokenizer_path",
     default=None,
     type=click.Path(exists=True, path_type=str),
-    help="A HuggingFace tokenizer.json (or a directory holding one); needs the "
-    "`tokenizers` package. Default: the word tokenizer (one token per "
-    "whitespace-separated word).",
+    help="A HuggingFace tokenizer.json (or a local model directory holding one; no hub "
+    "access): prompts are encoded and output decoded with it (add_special_tokens=False). "
+    "Default: the word tokenizer (one token per whitespace-separated word).",
 )
 @click.option(
     "--model-name",
