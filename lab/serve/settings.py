@@ -42,3 +42,8 @@ class SidecarTiming:
     retry_interval_s: float = 1.0
     load_poll_s: float = 1.0
     stale_load_s: float = 30.0
+    # Progress-based liveness: requests in flight and no token for this long (or, idle, no
+    # GetLoad answer) withdraws the worker. Well above a long prefill at speedup 1.
+    stall_s: float = 2.0
+    # One readiness probe (canary generation / GetLoad progress) before (re)registering.
+    probe_timeout_s: float = 2.0

@@ -124,6 +124,23 @@ _POSITIVE = click.FloatRange(min=0.001)
     help="Engine lost when no fresh GetLoad sample arrived for this long while busy.",
 )
 @click.option(
+    "--stall",
+    type=_POSITIVE,
+    default=SidecarTiming.stall_s,
+    show_default=True,
+    help="Seconds without token progress while requests are in flight (or, idle, without a "
+    "GetLoad answer) after which the engine counts as stalled: the worker withdraws, its "
+    "in-flight requests end retryable, and it registers again once the engine serves.",
+)
+@click.option(
+    "--probe-timeout",
+    type=_POSITIVE,
+    default=SidecarTiming.probe_timeout_s,
+    show_default=True,
+    help="Bound of one readiness probe (a one-token canary generation; on a prefill engine a "
+    "GetLoad whose timestamp advances). The worker registers only after a probe succeeds.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -144,6 +161,8 @@ def sidecar(
     heartbeat: float,
     ttl: float,
     stale_load: float,
+    stall: float,
+    probe_timeout: float,
     log_level: str,
 ) -> None:
     """Run one sidecar: speak openengine.v1 to ENGINE, serve the request plane, register in
@@ -185,6 +204,8 @@ def sidecar(
         heartbeat_s=heartbeat,
         ttl_s=ttl,
         stale_load_s=stale_load,
+        stall_s=stall,
+        probe_timeout_s=probe_timeout,
     )
     try:
         code = uvloop.run(Sidecar(config).run())
