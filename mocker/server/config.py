@@ -24,6 +24,9 @@ MAX_OUTPUT_TOKENS = 1_000_000
 DEFAULT_MAX_TOKENS = 20
 #: Consumer-stall watchdog (the real servicer's RESPONSE_STALL_TIMEOUT_SECONDS).
 STALL_TIMEOUT_S = 30.0
+#: Admin argument bounds: StallTokens seconds, Exit codes.
+MAX_ADMIN_STALL_S = 3600.0
+ADMIN_EXIT_CODES = range(0, 256)
 #: Graceful-stop grace for in-flight requests.
 GRACE_S = 5.0
 #: Request recorder ring size.
