@@ -61,6 +61,7 @@ class Trace:
     stop_reason: Any = None
     usage: dict[str, Any] | None = None
     migrations: int = 0
+    moved_from: list[str] | None = None  # workers a leg failed on before another took over
     status: int = 200  # HTTP status sent (200 also for a stream that ended with an error event)
     outcome: str = "success"
 
@@ -85,10 +86,13 @@ class Trace:
         }
 
     def worker_ids(self) -> dict[str, Any]:
-        return {
+        ids: dict[str, Any] = {
             "prefill_worker_id": self.prefill_worker_id,
             "decode_worker_id": self.decode_worker_id,
         }
+        if self.moved_from:
+            ids["moved_from"] = self.moved_from
+        return ids
 
 
 def merge_chunks(first: dict[str, Any], more: list[dict[str, Any]]) -> dict[str, Any]:
@@ -165,6 +169,9 @@ class Dispatcher:
             except _Retry as retry:
                 last = retry
                 exclude.add(retry.worker_id)
+                if trace.moved_from is None:
+                    trace.moved_from = []
+                trace.moved_from.append(retry.worker_id)
                 if not retry.free:
                     if trace.migrations >= self.migration_limit:
                         raise retry.error from None
