@@ -6,7 +6,20 @@ from dataclasses import dataclass
 
 from lab.wire.constants import DEFAULT_MODEL, ROLES
 
-__all__ = ["DEFAULT_MODEL", "ROLES", "DiscoveryTiming", "SidecarTiming", "SocketSettings"]
+__all__ = [
+    "DEFAULT_MIGRATION_LIMIT",
+    "DEFAULT_MODEL",
+    "ROLES",
+    "DiscoveryTiming",
+    "SidecarTiming",
+    "SocketSettings",
+]
+
+# Times a request whose worker failed mid-stream (retryable error, broken stream, a stalled
+# engine) moves to another worker, continuing from the tokens already sent. One by default: a
+# single lost or hung worker then costs no request, and a request can cost at most two engine
+# runs (a poison request cannot walk the whole fleet). 0 = a worker failure reaches the client.
+DEFAULT_MIGRATION_LIMIT = 1
 
 
 @dataclass(frozen=True)

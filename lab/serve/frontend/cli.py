@@ -15,7 +15,13 @@ from lab.serve.frontend.config import (
     FrontendConfig,
 )
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import DEFAULT_MODEL, ROLES, DiscoveryTiming, SocketSettings
+from lab.serve.settings import (
+    DEFAULT_MIGRATION_LIMIT,
+    DEFAULT_MODEL,
+    ROLES,
+    DiscoveryTiming,
+    SocketSettings,
+)
 from lab.wire.ready import format_ready
 
 _DEFAULT_SOCKETS = SocketSettings()
@@ -112,10 +118,11 @@ def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
 @click.option(
     "--migration-limit",
     type=click.IntRange(min=0),
-    default=0,
+    default=DEFAULT_MIGRATION_LIMIT,
     show_default=True,
-    help="How many times a request that failed with a retryable error is retried on "
-    "another worker.",
+    help="How many times a request whose worker failed mid-stream (a retryable error, a "
+    "broken stream, a stalled engine) moves to another worker, continuing from the tokens "
+    "already sent; 0 = the failure reaches the client.",
 )
 @click.option(
     "--expect",

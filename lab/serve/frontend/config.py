@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lab.serve.router import DEFAULT_ROUTER
-from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
 
 # Largest accepted request body; larger ones get 413.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -27,7 +27,7 @@ class FrontendConfig:
     router: str = DEFAULT_ROUTER
     sockets: SocketSettings = field(default_factory=SocketSettings)
     enforce_disagg: bool = False
-    migration_limit: int = 0
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT
     # role -> minimum count for /health; empty = at least one worker of any role.
     expect: dict[str, int] = field(default_factory=dict)
     tokenizer: str | None = None
