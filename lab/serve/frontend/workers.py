@@ -156,6 +156,11 @@ class WorkerSet:
     def all(self) -> list[Worker]:
         return list(self._workers.values())
 
+    def context_length(self) -> int | None:
+        """The largest context length any registered worker reports (None: no worker)."""
+        lengths = [w.record.context_length for w in self._workers.values()]
+        return max(lengths) if lengths else None
+
     def models(self) -> list[str]:
         return sorted({w.record.model for w in self._workers.values()})
 
