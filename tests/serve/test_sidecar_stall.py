@@ -49,7 +49,7 @@ def stall_engine_argv() -> list[str]:
 
 def test_stall_check_counts_only_busy_time() -> None:
     check = StallCheck(2.0, now=0.0)
-    check.load_answered(10.0)
+    check.load_sample(None, 10.0)
     assert check.check(messages=0, active=0, now=10.0) is None  # idle: no token clock
     # Requests arrive: the clock starts at the last idle poll (10.0).
     assert check.check(messages=0, active=3, now=10.2) is None
@@ -61,8 +61,21 @@ def test_stall_check_counts_only_busy_time() -> None:
     assert check.check(messages=6, active=1, now=22.5) is None  # progress resets the clock
     # Idle and GetLoad silent for longer than the window: stalled (a stopped process).
     assert check.check(messages=6, active=0, now=22.6) is not None
-    check.load_answered(23.0)
+    check.load_sample(None, 23.0)
     assert check.check(messages=6, active=0, now=24.0) is None
+    # A load timestamp that advanced once and then stands still (a frozen engine loop) is no
+    # progress; one that never moved (an engine that does not stamp) is not held against it.
+    s = 10**9
+    check.load_sample(24 * s, 24.0, wall_ns=24 * s)  # fresh
+    check.load_sample(24 * s, 25.0, wall_ns=25 * s)  # the same stamp, still fresh
+    check.load_sample(24 * s, 26.5, wall_ns=26 * s + s // 2)  # stale and unchanged: frozen
+    check.load_sample(24 * s, 27.5, wall_ns=27 * s + s // 2)
+    reason = check.check(messages=6, active=0, now=28.6)
+    assert reason is not None and "GetLoad" in reason
+    still = StallCheck(2.0, now=0.0)
+    for t in range(10):  # never fresh, never moving: an engine that does not stamp samples
+        still.load_sample(7, float(t), wall_ns=t * s + 10**15)
+    assert still.check(messages=0, active=0, now=9.5) is None
 
 
 @pytest.mark.parametrize("fault", ["freeze", "stop"])

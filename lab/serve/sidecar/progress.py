@@ -8,8 +8,10 @@ or simply stops answering; neither ends the liveness watch. Two signals catch it
   flight and no message on any of them for `stall_s` is a stall. Time only counts while requests
   are in flight, so an idle engine never stalls, and a request that arrives at an idle engine
   starts the clock when it arrives (within one poll).
-* `StallCheck.load_answered`: with nothing in flight, GetLoad (the heartbeat) has not answered
-  for `stall_s` (a stopped process never answers).
+* `StallCheck.load_sample`: with nothing in flight, GetLoad (the heartbeat) has not answered
+  for `stall_s` (a stopped process never answers), or its engine timestamp stood still and is
+  older than `stall_s` (a frozen engine loop). An engine whose timestamps were never fresh nor
+  moving (it does not stamp samples) is not judged by them.
 
 A stalled worker withdraws from discovery and ends its in-flight requests with a retryable error
 (the frontend migrates them). It stays up and probes the engine (`probe_engine`): one canary
@@ -51,6 +53,8 @@ class StallCheck:
         self._seen = -1
         self._last_progress = now
         self._last_load = now
+        self._stamp: int | None = None
+        self._stamp_live = False  # the engine's timestamps have been seen fresh or moving
 
     def reset(self, now: float) -> None:
         """Start afresh (after the worker re-entered rotation)."""
@@ -58,7 +62,18 @@ class StallCheck:
         self._last_progress = now
         self._last_load = now
 
-    def load_answered(self, now: float) -> None:
+    def load_sample(self, stamp_ns: int | None, now: float, wall_ns: int | None = None) -> None:
+        """A GetLoad answer (`wall_ns`: this host's time.time_ns() when it arrived). It shows
+        progress unless its timestamp stood still and is stale."""
+        if stamp_ns is not None:
+            wall_ns = time.time_ns() if wall_ns is None else wall_ns
+            fresh = abs(wall_ns - stamp_ns) <= self.stall_s * 1e9
+            moved = self._stamp is not None and stamp_ns != self._stamp
+            self._stamp = stamp_ns
+            if fresh or moved:
+                self._stamp_live = True
+            elif self._stamp_live:
+                return
         self._last_load = now
 
     def check(self, messages: int, active: int, now: float) -> str | None:
@@ -74,7 +89,7 @@ class StallCheck:
         if active == 0 and now - self._last_load > self.stall_s:
             # With requests in flight token progress decides (a busy engine may answer GetLoad
             # late); idle, an engine that stopped answering is caught here.
-            return f"GetLoad has not answered for {now - self._last_load:.1f} s"
+            return f"GetLoad has shown no progress for {now - self._last_load:.1f} s"
         return None
 
 

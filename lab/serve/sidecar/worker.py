@@ -197,7 +197,7 @@ class Sidecar:
                 now = time.monotonic()
                 stamp = load.timestamp_unix_nanos if load.HasField("timestamp_unix_nanos") else None
                 monitor.sample(load.instance_id, stamp, now)
-                stall.load_answered(now)
+                stall.load_sample(stamp, now)
                 record.load = {**load_dict(load), "in_flight": len(self._active)}
             except grpc.aio.AioRpcError as exc:
                 now = time.monotonic()
