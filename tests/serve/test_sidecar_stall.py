@@ -137,7 +137,10 @@ async def test_a_frozen_engine_is_never_registered(spawn, tmp_path: Path) -> Non
         ready=False,
     )
     sidecar.wait_log("cannot serve yet", timeout=30)
+    await asyncio.sleep(1.0)
     assert await registry.list() == [] and sidecar.popen.poll() is None
+    log = sidecar.log()
+    assert "ready role=" not in log and "engine stalled" not in log  # never registered
     await freeze(engine.ready["admin"], False)
     await asyncio.to_thread(sidecar.wait_ready, 30)
     await wait_registered(registry, "sidecar-0", 5)
