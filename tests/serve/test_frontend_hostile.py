@@ -178,6 +178,9 @@ async def test_malformed_requests_get_a_clear_4xx(caplog: pytest.LogCaptureFixtu
         assert worker.requests == []
         ok = await exchange(addr, post(C, js(completion())))
         assert status_of(ok) == 200
+        zipped = gzip.compress(js(completion()))
+        ok = await exchange(addr, post(C, zipped, "Content-Encoding: gzip"))
+        assert status_of(ok) == 200  # a valid gzip body is still read
     assert "Traceback" not in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
