@@ -130,7 +130,8 @@ _POSITIVE = click.FloatRange(min=0.001)
     show_default=True,
     help="Seconds without token progress while requests are in flight (or, idle, without a "
     "GetLoad answer) after which the engine counts as stalled: the worker withdraws, its "
-    "in-flight requests end retryable, and it registers again once the engine serves.",
+    "in-flight requests end retryable, and it registers again once the engine serves. Keep it "
+    "above the longest prefill (a 32k-token prompt takes ~0.7 s at speedup 1).",
 )
 @click.option(
     "--probe-timeout",
