@@ -164,6 +164,14 @@ class WorkerSet:
     def models(self) -> list[str]:
         return sorted({w.record.model for w in self._workers.values()})
 
+    def any_available(self, roles: tuple[str, ...], model: str | None, exclude: set[str]) -> bool:
+        """Whether `pick` would find a worker (without moving the router)."""
+        return any(
+            w.worker_id not in exclude and (model is None or w.record.model == model)
+            for role in roles
+            for w in self._by_role[role]
+        )
+
     def pick(
         self,
         roles: tuple[str, ...],
