@@ -203,7 +203,9 @@ class Dispatcher:
         exclude: set[str],
     ) -> None:
         workers = self.workers
-        if workers.has_role("prefill") and workers.has_role("decode"):
+        # Disaggregated while a prefill worker is left to try (one that just failed this request
+        # is excluded: the retry then goes aggregated, as when none is registered).
+        if workers.has_role("decode") and workers.any_available(PREFILL_ROLES, model, exclude):
             end = await self._prefill(payload, model, trace, on_chunk, exclude)
             if end is None:
                 return
