@@ -16,6 +16,7 @@ import logging
 import socket
 import time
 import uuid
+import zlib
 from typing import Any
 
 import orjson
@@ -69,6 +70,32 @@ def _outcome(status: int) -> str:
 
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip / deflate request body, decompressed to at most `limit` bytes (a bomb is a 413,
+    a corrupt body a 400, another encoding a 415)."""
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ApiError(415, f"unsupported Content-Encoding {encoding[:32]!r} (gzip and deflate "
+                       "are accepted)", code="unsupported_encoding")
+    # wbits 47: zlib or gzip header, detected; deflate without a header is tried next.
+    for wbits in (47, -15):
+        decomp = zlib.decompressobj(wbits)
+        try:
+            out = decomp.decompress(raw, limit + 1)
+        except zlib.error as exc:
+            if wbits == 47 and encoding == "deflate":
+                continue
+            raise ApiError(400, f"unreadable request body (Content-Encoding: {encoding}): {exc}",
+                           code="invalid_body") from None
+        if len(out) > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes once "
+                           f"decompressed (Content-Encoding: {encoding})", code="body_too_large")
+        if not decomp.eof:
+            raise ApiError(400, f"unreadable request body (Content-Encoding: {encoding}): "
+                           "truncated", code="invalid_body")
+        return out
+    raise AssertionError("unreachable")
 
 
 def _error(exc: ApiError) -> web.Response:
@@ -228,6 +255,9 @@ class FrontendApp:
             raise ApiError(
                 400, f"unreadable request body{what}: {str(detail)[:200]}", code="invalid_body"
             ) from None
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding and encoding != "identity":
+            raw = _decompress(raw, encoding, limit)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:

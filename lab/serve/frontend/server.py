@@ -111,6 +111,8 @@ class FrontendServer:
             access_log=None,
             shutdown_timeout=cfg.shutdown_grace_s,
             keepalive_timeout=cfg.idle_timeout_s,
+            # Bodies are decompressed by FrontendApp (bounded, errors as 400), not by the parser.
+            auto_decompress=False,
         )
         await runner.setup()
         apply_http_nodelay(runner.server, cfg.sockets.http_nodelay)  # type: ignore[arg-type]
