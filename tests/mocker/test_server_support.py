@@ -32,11 +32,12 @@ SEED = 42
 class Engine:
     proc: Proc
     channel: grpc.Channel
+    admin_channel: grpc.Channel
 
     def __post_init__(self) -> None:
         self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
         self.control = openengine_pb2_grpc.ControlStub(self.channel)
-        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminStub(self.admin_channel)
 
     @property
     def address(self) -> str:
@@ -61,20 +62,23 @@ class Engine:
 
 
 def mocker_argv(*extra: str) -> list[str]:
-    return ["python", "-m", "mocker", "serve", "--listen", "127.0.0.1:0", *extra]
+    return [
+        "python", "-m", "mocker", "serve", "--listen", "127.0.0.1:0",
+        "--admin-listen", "127.0.0.1:0", *extra,
+    ]
 
 
 @contextlib.contextmanager
 def engine_process(log_dir: Path, name: str, *extra: str) -> Iterator[Engine]:
     """A `mocker serve` process for a whole test module (module-scoped fixtures)."""
     proc = start(name, mocker_argv(*extra), log_dir)
-    channel = None
+    channels: list[grpc.Channel] = []
     try:
         proc.wait_ready(60)
-        channel = grpc.insecure_channel(proc.address)
-        yield Engine(proc, channel)
+        channels = [grpc.insecure_channel(proc.address), grpc.insecure_channel(proc.ready["admin"])]
+        yield Engine(proc, *channels)
     finally:
-        if channel is not None:
+        for channel in channels:
             channel.close()
         proc.stop()
 

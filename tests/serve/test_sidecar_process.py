@@ -34,6 +34,8 @@ def engine_argv(role: str = "aggregated", speedup: str = "0", instance: str = ""
         role,
         "--speedup-ratio",
         speedup,
+        "--admin-listen",
+        "127.0.0.1:0",
     ]
     if instance:
         argv += ["--instance-id", instance]
@@ -283,7 +285,7 @@ async def test_engine_loss_withdraws_while_running_then_exits_1(
         async with asyncio.timeout(10):
             await anext(stream)
         if fault == "not_serving":
-            async with grpc.aio.insecure_channel(engine.address) as channel:
+            async with grpc.aio.insecure_channel(engine.ready["admin"]) as channel:
                 await admin_pb2_grpc.AdminStub(channel).SetHealth(
                     admin_pb2.SetHealthRequest(service="liveness", status=2)
                 )
