@@ -13,6 +13,7 @@ import psutil
 
 from lab.serve.frontend.testing import frontend_argv, mocker_argv, sidecar_argv
 from tests.procs import Proc
+from tests.serve.test_frontend_process import wait_http
 
 MODEL = "mocker-model"
 CONTEXT = 512
@@ -30,6 +31,8 @@ async def test_hostile_inputs_get_400_over_the_real_path(
     fe = spawn("frontend", frontend_argv(disc, "--expect", "aggregated=1"))
     sidecar.wait_ready(30)
     url = f"http://{fe.address}"
+    # the context limit comes from discovery: wait until the frontend has seen the worker
+    await wait_http(url, "/health", timeout=60)
 
     def completion(**kw: object) -> bytes:
         return json.dumps({"model": MODEL, "prompt": "a b", "max_tokens": 2, **kw}).encode()
