@@ -1,4 +1,4 @@
-"""The metric definitions of measurement.md, in one place.
+"""The metric definitions (docs/metrics.md "Definitions"), in one place.
 
 | metric | definition |
 |---|---|

@@ -1,7 +1,7 @@
 """Engine arguments of the simulated engine: the one place engine defaults live.
 
-Defaults match the reference mocker's TensorRT-LLM server (design.md, "Defaults that must
-match the reference engine simulator"): block size 32, 16384 KV blocks, 256 running sequences,
+Defaults match the reference mocker's TensorRT-LLM server (docs/mocker.md
+"Defaults"): block size 32, 16384 KV blocks, 256 running sequences,
 8192 batched tokens per pass, prefix caching and chunked prefill on, speedup 1.0, 64 GB/s KV
 transfer and 131072 KV bytes per token (32 layers x 2 x 8 KV heads x 128 head dim x 2 bytes).
 """

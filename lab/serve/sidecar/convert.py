@@ -1,4 +1,5 @@
-"""Conversion between request-plane payloads and openengine.v1 messages (serving-path.md §4.4).
+"""Conversion between request-plane payloads and openengine.v1 messages (docs/request-plane.md,
+"Payloads").
 
 Pure functions and one small per-request state object; no I/O, so each rule is unit-testable.
 """
