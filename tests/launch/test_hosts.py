@@ -7,6 +7,7 @@ CI runs as root and runs them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import ipaddress
 import json
@@ -27,6 +28,10 @@ from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from tests.launch.helpers import alive
+from tests.waiting import wait_for as _wait_for
+
+#: The predicates probe processes over HTTP (blocking): in a thread, every 0.1 s, up to 30 s.
+wait_for = functools.partial(_wait_for, timeout=30.0, interval=0.1, in_thread=True)
 
 OK, REASON = netns.available()
 REAL = all(importlib.util.find_spec(m) for m in (
@@ -110,15 +115,6 @@ def lab_objects(run_id: str) -> list[str]:
 def network_event(run_dir: Path) -> dict:
     return next(e for e in read_events(run_dir / "events.jsonl")
                 if e["event"] == "start" and e["name"] == "network")
-
-
-async def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 async def test_two_hosts_serve_over_the_veth_link(tmp_path: Path) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +19,10 @@ from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from tests.launch.helpers import alive
+from tests.waiting import wait_for as _wait_for
+
+#: The predicates probe processes over HTTP (blocking): in a thread, every 0.1 s, up to 30 s.
+wait_for = functools.partial(_wait_for, timeout=30.0, interval=0.1, in_thread=True)
 
 REAL = all(importlib.util.find_spec(m) for m in (
     "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))
@@ -56,15 +60,6 @@ def healthy(url: str) -> bool:
             return reply.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-async def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 async def test_real_aggregated_then_disaggregated(tmp_path: Path) -> None:

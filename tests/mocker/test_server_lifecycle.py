@@ -19,10 +19,10 @@ from lab.wire.gen.openengine.v1 import generation_pb2 as g
 from tests.mocker.test_server_support import (
     Engine,
     assert_one_terminal,
-    mocker_argv,
     request,
     tokens_of,
 )
+from tests.procs import mocker_argv
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -22,7 +22,7 @@ from lab.wire.gen.openengine.v1 import (
     lifecycle_pb2,
     openengine_pb2_grpc,
 )
-from tests.procs import Proc, start
+from tests.procs import Proc, mocker_argv, start
 
 MODEL = "mocker-model"
 SEED = 42
@@ -58,10 +58,6 @@ class Engine:
         from lab.wire.gen.openengine.v1 import server_pb2
 
         return self.control.GetLoad(server_pb2.GetLoadRequest(), timeout=10)
-
-
-def mocker_argv(*extra: str) -> list[str]:
-    return ["python", "-m", "mocker", "serve", "--listen", "127.0.0.1:0", *extra]
 
 
 @contextlib.contextmanager
