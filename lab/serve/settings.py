@@ -6,7 +6,21 @@ from dataclasses import dataclass
 
 from lab.wire.constants import DEFAULT_MODEL, ROLES
 
-__all__ = ["DEFAULT_MODEL", "ROLES", "DiscoveryTiming", "SidecarTiming", "SocketSettings"]
+__all__ = [
+    "DEFAULT_GRPC_CLIENT",
+    "DEFAULT_MODEL",
+    "GRPC_CLIENTS",
+    "ROLES",
+    "DiscoveryTiming",
+    "SidecarTiming",
+    "SocketSettings",
+]
+
+#: How the sidecar reads its engine's Generate streams: "h2" (lab.wire.h2grpc: a whole recv()
+#: of HTTP/2 frames parsed in one pass, several times cheaper per token) or "aio" (grpc.aio,
+#: the reference). Control RPCs and the liveness watch always use grpc.aio.
+GRPC_CLIENTS = ("h2", "aio")
+DEFAULT_GRPC_CLIENT = "h2"
 
 
 @dataclass(frozen=True)

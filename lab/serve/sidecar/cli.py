@@ -7,7 +7,13 @@ import sys
 
 import click
 
-from lab.serve.settings import DiscoveryTiming, SidecarTiming, SocketSettings
+from lab.serve.settings import (
+    DEFAULT_GRPC_CLIENT,
+    GRPC_CLIENTS,
+    DiscoveryTiming,
+    SidecarTiming,
+    SocketSettings,
+)
 
 
 def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
@@ -66,6 +72,14 @@ _POSITIVE = click.FloatRange(min=0.001)
     default="on" if SocketSettings.server_nodelay else "off",
     show_default=True,
     help="TCP_NODELAY on accepted request-plane sockets (set explicitly either way).",
+)
+@click.option(
+    "--grpc-client",
+    type=click.Choice(GRPC_CLIENTS),
+    default=DEFAULT_GRPC_CLIENT,
+    show_default=True,
+    help="How Generate streams are read: h2 (batched HTTP/2, one pass per recv) or aio "
+    "(grpc.aio, the reference). Control RPCs and the liveness watch always use grpc.aio.",
 )
 @click.option(
     "--grace-period",
@@ -144,6 +158,7 @@ def sidecar(
     heartbeat: float,
     ttl: float,
     stale_load: float,
+    grpc_client: str,
     log_level: str,
 ) -> None:
     """Run one sidecar: speak openengine.v1 to ENGINE, serve the request plane, register in
@@ -185,6 +200,7 @@ def sidecar(
         heartbeat_s=heartbeat,
         ttl_s=ttl,
         stale_load_s=stale_load,
+        grpc_client=grpc_client,
     )
     try:
         code = uvloop.run(Sidecar(config).run())

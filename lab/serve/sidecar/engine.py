@@ -1,4 +1,10 @@
-"""The sidecar's gRPC link to its engine: one grpc.aio channel, the start-up handshake."""
+"""The sidecar's gRPC link to its engine: the start-up handshake, control RPCs and Generate.
+
+Control RPCs and the liveness watch use a grpc.aio channel. Generate, the per-token stream, uses
+a second connection: lab.wire.h2grpc's channel by default (it parses each recv() of HTTP/2
+frames in one pass instead of paying grpc.aio's per-message machinery), or the grpc.aio channel
+itself with `grpc_client="aio"`. Both speak the same wire protocol to the engine.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from lab.serve.settings import DEFAULT_MODEL
+from lab.serve.settings import DEFAULT_GRPC_CLIENT, DEFAULT_MODEL
 from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
 from lab.wire.gen.openengine.v1 import (
@@ -18,6 +24,7 @@ from lab.wire.gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
+from lab.wire.h2grpc import H2GrpcChannel
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +47,19 @@ class EngineInfo:
 
 
 class EngineLink:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, grpc_client: str = DEFAULT_GRPC_CLIENT) -> None:
         self.target = target
-        self.channel = grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE),
-                ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ],
-        )
-        self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ]
+        self.channel = grpc.aio.insecure_channel(target, options=options)
+        self._stream_channel: H2GrpcChannel | None = None
+        if grpc_client == "h2":
+            self._stream_channel = H2GrpcChannel(target, options=options)
+            self.inference = openengine_pb2_grpc.InferenceStub(self._stream_channel)
+        else:
+            self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
         self.control = openengine_pb2_grpc.ControlStub(self.channel)
 
     async def handshake(
@@ -145,4 +155,6 @@ class EngineLink:
             log.warning("Abort(%s) failed: %s: %s", request_id, exc.code().name, exc.details())
 
     async def close(self) -> None:
+        if self._stream_channel is not None:
+            await self._stream_channel.close(grace=None)
         await self.channel.close(grace=None)

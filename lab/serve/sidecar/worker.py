@@ -15,7 +15,12 @@ from google.protobuf import json_format
 
 from lab.serve.discovery import Registry, WorkerRecord, open_registry
 from lab.serve.request_plane import RequestPlaneServer, StreamSink, error_end
-from lab.serve.settings import DiscoveryTiming, SidecarTiming, SocketSettings
+from lab.serve.settings import (
+    DEFAULT_GRPC_CLIENT,
+    DiscoveryTiming,
+    SidecarTiming,
+    SocketSettings,
+)
 from lab.serve.sidecar.convert import (
     EngineFacts,
     ProtocolError,
@@ -53,6 +58,7 @@ class SidecarConfig:
     heartbeat_s: float = DiscoveryTiming.heartbeat_s
     ttl_s: float = DiscoveryTiming.ttl_s
     stale_load_s: float = SidecarTiming.stale_load_s
+    grpc_client: str = DEFAULT_GRPC_CLIENT
 
 
 def load_dict(load) -> dict:
@@ -220,7 +226,7 @@ class Sidecar:
             loop.add_signal_handler(sig, on_signal, sig.name)
 
         registry = open_registry(cfg.discovery, ttl_s=cfg.ttl_s)
-        self.link = EngineLink(cfg.engine)
+        self.link = EngineLink(cfg.engine, cfg.grpc_client)
         server: RequestPlaneServer | None = None
         try:
             try:

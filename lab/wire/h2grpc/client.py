@@ -483,7 +483,8 @@ class H2GrpcChannel:
     def __init__(self, target: str, options: Iterable[tuple[str, Any]] | None = None) -> None:
         opts = dict(options or ())
         self._host, self._port = f.split_target(target)
-        self._authority = target.encode()
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self._authority = f"{host}:{self._port}".encode()
         self._max_receive = int(opts.get("grpc.max_receive_message_length", _DEFAULT_MAX_RECEIVE))
         self._conn: _ClientConn | None = None
         self._connect_task: asyncio.Task[None] | None = None

@@ -300,6 +300,9 @@ class _ServerConn(H2Connection):
                 else "Too many or incomplete request messages",
             )
             return
+        if self.server._stopping:  # its handlers are being cancelled: start no new one
+            self.send_status(st, grpc.StatusCode.UNAVAILABLE, "server shutting down")
+            return
         st.task = self.server._spawn(self._run(st), st.method)
 
     def on_rst(self, st: Stream, code: int) -> None:
