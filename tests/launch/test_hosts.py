@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import ipaddress
 import json
 import os
@@ -34,12 +33,9 @@ from tests.waiting import wait_for as _wait_for
 wait_for = functools.partial(_wait_for, timeout=30.0, interval=0.1, in_thread=True)
 
 OK, REASON = netns.available()
-REAL = all(importlib.util.find_spec(m) for m in (
-    "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))
 NETEM, _ = netns.netem_available() if OK else (False, "")
 pytestmark = [
     pytest.mark.skipif(not OK, reason=f"needs network namespaces: {REASON}"),
-    pytest.mark.skipif(not REAL, reason="the real fleet is not built yet"),
     pytest.mark.usefixtures("no_leftovers"),
 ]
 LAB = str(Path(sys.executable).with_name("lab"))

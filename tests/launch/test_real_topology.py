@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,12 +23,7 @@ from tests.waiting import wait_for as _wait_for
 #: The predicates probe processes over HTTP (blocking): in a thread, every 0.1 s, up to 30 s.
 wait_for = functools.partial(_wait_for, timeout=30.0, interval=0.1, in_thread=True)
 
-REAL = all(importlib.util.find_spec(m) for m in (
-    "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))
-pytestmark = [
-    pytest.mark.skipif(not REAL, reason="the real fleet is not built yet"),
-    pytest.mark.usefixtures("no_leftovers"),
-]
+pytestmark = [pytest.mark.usefixtures("no_leftovers")]
 LAB = str(Path(sys.executable).with_name("lab"))
 FAST = dict(speedup=0, grace_s=8, extra_sidecar_args=["--grace-period", "0.5"],
             extra_frontend_args=["--shutdown-grace", "0.5"])

@@ -479,6 +479,7 @@ async def _median_second_request_ms(settings: SocketSettings, n: int = 7) -> flo
         await server.close()
 
 
+@pytest.mark.kernel_delayed_ack
 @both_loops
 async def test_split_writes_without_client_nodelay_stall_on_a_persistent_connection() -> None:
     """The behaviour the settings exist for (docs/nagle.md): header+body writes with Nagle on
