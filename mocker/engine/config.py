@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 ENGINE_TYPES = ("trtllm", "vllm")
 DEFAULT_ENGINE_TYPE = "trtllm"
@@ -91,7 +91,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: Any) -> TypeGuard[float]:
     return (isinstance(v, int | float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -55,7 +55,7 @@ def token_deriver(seed: int, request_id: str) -> Callable[[int], int]:
         return TOKEN_ID_BASE + unpack(h.digest(4))[0] % TOKEN_ID_SPAN
 
     def many(first: int, count: int) -> list[int]:
-        out = []
+        out: list[int] = []
         append = out.append
         for position in range(first, first + count):
             h = copy()
