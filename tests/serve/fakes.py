@@ -11,35 +11,32 @@ from a sidecar.
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lab.serve.discovery.base import Registry, WorkerRecord
 from lab.serve.request_plane import FrameType, error_end
+from lab.serve.request_plane.api import PlaneClient, PlaneStream
+from lab.serve.request_plane.payloads import ChunkPayload, EndPayload, Usage, end_payload
 from lab.serve.settings import DEFAULT_MODEL, SocketSettings
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
-Frames = AsyncIterator[tuple[int, dict[str, Any]]]
+#: (frame type, payload): the payload one of the request-plane TypedDicts (plain dicts at run time)
+Frames = AsyncIterator[tuple[int, Any]]
 Behavior = Callable[["FakeWorker", dict[str, Any]], Frames]
 
 
-def done_end(worker: FakeWorker, usage: dict[str, int], handoff: dict | None = None) -> dict:
-    """A successful END payload, with the same keys as the sidecar's (finish "length")."""
-    return {
-        "finish": "length",
-        "stop_reason": None,
-        "usage": usage,
-        "handoff": handoff,
-        "error": None,
-        "worker_id": worker.worker_id,
-    }
+def done_end(worker: FakeWorker, usage: Usage, handoff: dict | None = None) -> EndPayload:
+    """A successful END payload (finish "length"), built like the sidecar's."""
+    return end_payload(finish="length", usage=usage, handoff=handoff, worker_id=worker.worker_id)
 
 
 async def default_behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
     """Prefill: END with a handoff. Otherwise max_tokens tokens (16 if None), `per_chunk` each."""
     prompt = req["token_ids"]
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "cached_tokens": 0}
+    usage: Usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "cached_tokens": 0}
     if worker.role == "prefill":
         usage["completion_tokens"] = 1
         usage["cached_tokens"] = worker.cached_tokens
@@ -56,7 +53,7 @@ async def default_behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
     sent = 0
     while sent < n:
         k = min(worker.per_chunk, n - sent)
-        payload: dict[str, Any] = {"t": [100 + sent + i for i in range(k)]}
+        payload: ChunkPayload = {"t": [100 + sent + i for i in range(k)]}
         if req.get("logprobs"):
             payload["lp"] = [-0.5] * k
             if req.get("top_logprobs"):
@@ -94,9 +91,12 @@ def stall_behavior(tokens_first: int = 1) -> Behavior:
 
 
 class FakeStream:
+    """A PlaneStream over a behaviour's frames; `cancelled` is set when the frontend cancels."""
+
     def __init__(self, frames: Frames) -> None:
         self._frames = frames
         self.cancelled = asyncio.Event()
+        self.direct: Callable[[dict[str, Any]], bool] | None = None  # never offered: all queued
 
     def __aiter__(self) -> Frames:
         return self._frames
@@ -135,6 +135,8 @@ class FakeWorker:
 
 
 class FakeClient:
+    """A PlaneClient for one fake worker's address."""
+
     def __init__(self, fleet: FakeFleet, address: str, settings: SocketSettings) -> None:
         self.fleet = fleet
         self.address = address
@@ -196,11 +198,16 @@ class FakeFleet(Registry):
     async def withdraw(self, worker_id: str) -> None:
         self.remove(worker_id)
 
-    async def list(self) -> list[WorkerRecord]:
+    async def list(self) -> builtins.list[WorkerRecord]:
         return [w.record() for w in self.workers.values()]
 
-    async def watch(self) -> AsyncIterator[list[WorkerRecord]]:
+    async def watch(self) -> AsyncIterator[builtins.list[WorkerRecord]]:
         while True:
             self._changed.clear()
             yield await self.list()
             await self._changed.wait()
+
+
+def _conforms(client: FakeClient, stream: FakeStream) -> tuple[PlaneClient, PlaneStream]:
+    """Never called: mypy (which checks this file) holds the fakes to the frontend's Protocols."""
+    return client, stream
