@@ -143,7 +143,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 TOPOLOGY_OPTION_NAMES = frozenset(
-    click.Option(list(decls)).name for decls, _ in _OPTIONS  # type: ignore[misc]
+    click.Option(list(decls)).name for decls, _ in _OPTIONS
 )
 
 

@@ -177,10 +177,11 @@ class Dispatcher:
                         raise retry.error from None
                     trace.migrations += 1
                 if generated:
-                    payload = self._continuation(req, trace, generated)
-                    if payload is None:  # the budget was used up before the failure
+                    continuation = self._continuation(req, trace, generated)
+                    if continuation is None:  # the budget was used up before the failure
                         trace.finish = "length"
                         return
+                    payload = continuation
 
     def _continuation(self, req: GenRequest, trace: Trace, generated: list[int]) -> dict | None:
         payload = req.plane_payload(f"{trace.request_id}-m{trace.migrations}")
@@ -294,7 +295,8 @@ class Dispatcher:
                         held.append(p)
                     else:
                         emitted = True
-                        await on_chunk(p)  # one SSE event per CHUNK: never merged  # type: ignore[misc]
+                        # one SSE event per CHUNK: never merged (held is None: on_chunk given)
+                        await on_chunk(p)  # type: ignore[misc]
                 elif ftype == END:
                     ended = True
                     break
