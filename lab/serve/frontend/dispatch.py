@@ -28,6 +28,7 @@ from typing import Any
 from lab.serve.frontend.errors import ApiError, from_end_error
 from lab.serve.frontend.protocol import GenRequest
 from lab.serve.frontend.workers import Worker, WorkerSet, unavailable_errors
+from lab.serve.request_plane.api import PlaneStream
 from lab.serve.request_plane.frames import FrameType
 from lab.serve.router import Router
 
@@ -231,7 +232,7 @@ class Dispatcher:
         payload: dict[str, Any],
         model: str | None,
         exclude: set[str],
-    ) -> tuple[Worker, Any]:
+    ) -> tuple[Worker, PlaneStream]:
         tried: set[str] = set()
         while True:
             worker = self.workers.pick(
@@ -257,7 +258,7 @@ class Dispatcher:
     async def _consume(
         self,
         worker: Worker,
-        stream: Any,
+        stream: PlaneStream,
         on_chunk: OnChunk | None,
         held: list[dict[str, Any]] | None,
         on_chunk_now: OnChunkNow | None = None,
