@@ -21,8 +21,9 @@ from lab.serve.request_plane.frames import (
     error_end,
 )
 from lab.serve.request_plane.payloads import EndPayload
-from lab.serve.request_plane.sockets import FramedConnection, set_nodelay, split_address
+from lab.serve.request_plane.sockets import FramedConnection, set_nodelay
 from lab.serve.settings import SocketSettings
+from lab.wire.address import split_address
 
 CONNECT_TIMEOUT_S = 5.0
 _REQUEST = int(FrameType.REQUEST)
