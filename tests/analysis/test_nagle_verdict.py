@@ -123,14 +123,19 @@ def _launched(suspect1: list[float], control1: list[float], suspect32: list[floa
     return arm_results(samples, labels)
 
 
-def test_launched_verdict_reproduced_names_the_numbers() -> None:
+def _reproduced():
+    """99% of the suspect's concurrency-1 requests in a 44 ms cluster, none of the control's."""
     rng = random.Random(11)
     arms = _launched(
         _fast(2, rng) + _stalled(198, rng),
         _fast(200, rng),
         _fast(194, rng, 5.0) + _stalled(6, rng, 48.0),
     )
-    v = launched_verdict(arms, facts=FACTS)
+    return launched_verdict(arms, facts=FACTS)
+
+
+def test_launched_verdict_reproduced_names_the_numbers() -> None:
+    v = _reproduced()
     assert v.outcome == "reproduced"
     assert v.kinds() == ["reproduced", "many_falls", "many_control_clear"]
     head = v.headline.values
@@ -145,13 +150,7 @@ def test_launched_verdict_reproduced_names_the_numbers() -> None:
 
 def test_launched_verdict_in_words() -> None:
     """The words of a reproduced verdict: the numbers and the kernel facts, in one sentence."""
-    rng = random.Random(11)
-    arms = _launched(
-        _fast(2, rng) + _stalled(198, rng),
-        _fast(200, rng),
-        _fast(194, rng, 5.0) + _stalled(6, rng, 48.0),
-    )
-    v = launched_verdict(arms, facts=FACTS)
+    v = _reproduced()
     assert v.text.startswith(
         "reproduced: with client NODELAY off and split writes, 99% of concurrency-1 requests "
         "wait in a 44."
