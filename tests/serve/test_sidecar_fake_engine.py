@@ -347,13 +347,15 @@ async def test_engine_loss_withdraws_cuts_and_exits_1(
     assert lost and lost[0].levelno == logging.ERROR and expected in lost[0].getMessage()
 
 
-async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_path: Path) -> None:
-    async def slowish(request, context):
-        for i in range(request.stopping.max_tokens):
-            yield tok(i)
-            await asyncio.sleep(0.05)
-        yield fin()
+async def slowish(request, context):
+    """max_tokens tokens, 50 ms apart (longer on a loaded machine, never shorter)."""
+    for i in range(request.stopping.max_tokens):
+        yield tok(i)
+        await asyncio.sleep(0.05)
+    yield fin()
 
+
+async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_path: Path) -> None:
     engine = FakeEngine()
     engine.script = slowish
     # The grace period is long enough for r-grace on a loaded machine; r-long (>= 2.5 s: its
@@ -395,12 +397,6 @@ async def test_a_failing_withdraw_does_not_skip_the_drain(
 
     async def broken_withdraw(self, worker_id: str) -> None:
         raise OSError("discovery store unreachable")
-
-    async def slowish(request, context):
-        for i in range(request.stopping.max_tokens):
-            yield tok(i)
-            await asyncio.sleep(0.05)
-        yield fin()
 
     engine = FakeEngine()
     engine.script = slowish

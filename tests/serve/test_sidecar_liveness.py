@@ -56,11 +56,17 @@ async def stop(task: asyncio.Task, server: grpc.aio.Server, channel: grpc.aio.Ch
     await server.stop(0)
 
 
-async def test_not_serving_resolves_while_serving_stays_pending() -> None:
+async def serving_watch():
+    """A health server whose liveness is SERVING, and a watch on it."""
     servicer = health.aio.HealthServicer()
     await servicer.set("liveness", SERVING)
     server, channel = await start_server(servicer)
     loss, task = await run_watch(channel)
+    return servicer, server, channel, loss, task
+
+
+async def test_not_serving_resolves_while_serving_stays_pending() -> None:
+    servicer, server, channel, loss, task = await serving_watch()
     try:
         await asyncio.sleep(0.3)
         assert not loss.resolved
@@ -117,10 +123,7 @@ async def test_watch_error_resolves() -> None:
 
 
 async def test_dropped_connection_resolves() -> None:
-    servicer = health.aio.HealthServicer()
-    await servicer.set("liveness", SERVING)
-    server, channel = await start_server(servicer)
-    loss, task = await run_watch(channel)
+    _servicer, server, channel, loss, task = await serving_watch()
     try:
         await asyncio.sleep(0.3)
         assert not loss.resolved
