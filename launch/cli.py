@@ -19,7 +19,7 @@ from launch.cli_options import spec_from_options, topology_options
 from launch.errors import LaunchError, RunError
 from launch.faults import FAULT_KINDS
 from launch.rundir import make_run_dir, resolve_run
-from launch.state import read_state, same_process, supervisor_alive
+from launch.state import observed_states, read_state, same_process, supervisor_alive
 from launch.topology import TopologySpec
 
 SPEC_FILE = "spec.json"
@@ -35,7 +35,8 @@ def _console():
     return Console(highlight=False, soft_wrap=True)
 
 
-def print_processes(processes: list[dict[str, Any]], check_alive: bool = False) -> None:
+def print_processes(processes: list[dict[str, Any]], check_alive: bool = False,
+                    observed: dict[str, str] | None = None) -> None:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
@@ -51,6 +52,8 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False) 
             p.get("pid"), p.get("create_time")
         ):
             state = f"{state} (gone)"
+        elif observed and p["name"] in observed:
+            state = observed[p["name"]]
         role = p["role"] if not p.get("fleet_role") else f"{p['role']}/{p['fleet_role']}"
         host = (p.get("host") or "(root)",) if hosts else ()
         table.add_row(role, p["name"], str(p.get("pid") or "-"), *host, p.get("address") or "-",
@@ -224,19 +227,26 @@ def _run_arg(run: str) -> tuple[Path, dict[str, Any]]:
 @click.argument("run")
 @click.option("--json", "as_json", is_flag=True, help="Print state.json (with liveness) as JSON.")
 def ps(run: str, as_json: bool) -> None:
-    """Show the processes of a run (RUN = run directory, or a run name under results/)."""
+    """Show the processes of a run (RUN = run directory, or a run name under results/).
+
+    STATE is the supervisor's (starting, ready, backoff, exited, stopped) unless the system
+    or discovery sees otherwise: `stopped (SIGSTOP)`, `withdrawn` (a live sidecar out of
+    discovery: its engine stalled), `stalled` (an engine that answers but serves nothing).
+    """
     run_dir, state = _run_arg(run)
     alive = supervisor_alive(state)
     if as_json:
+        observed = observed_states(state)
         for p in state["processes"]:
             p["alive"] = same_process(p.get("pid"), p.get("create_time"))
+            p["observed"] = observed.get(p["name"], p["state"])
         click.echo(json.dumps({**state, "supervisor_alive": alive}, indent=2))
         return
     status = state["state"] if alive else f"{state['state']} (supervisor not running)"
     click.echo(f"run:      {run_dir}")
     click.echo(f"state:    {status}  (supervisor pid {state.get('supervisor_pid')})")
     click.echo(f"frontend: {state.get('frontend_url') or '-'}")
-    print_processes(state["processes"], check_alive=True)
+    print_processes(state["processes"], check_alive=True, observed=observed_states(state))
 
 
 

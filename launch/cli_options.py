@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
 from lab.serve.switches import ON_OFF, is_on, on_off
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from launch.errors import TopologyError
@@ -120,7 +120,8 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "prompts).  [default: the frontend's word tokenizer, one token per word]")),
     (("--migration-limit",), dict(
         type=click.IntRange(0, 1000),
-        help="Frontend: times a failed stream may move to another worker.  [default: 0]")),
+        help="Frontend: times a failed stream may move to another worker (0 = never).  "
+        f"[default: {DEFAULT_MIGRATION_LIMIT}]")),
     (("--enforce-disagg/--no-enforce-disagg",), dict(
         default=None,
         help="Frontend: fail requests instead of falling back when no prefill worker is up.  "

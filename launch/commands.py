@@ -69,6 +69,8 @@ def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
         "--decode-speedup-ratio", repr(float(fleet.decode_speedup)),
         "--stream-interval", str(fleet.stream_interval),
         "--instance-id", instance_id,
+        # Fault injection (`lab fault`) on an address of its own; a hand-launched engine has none.
+        "--admin-listen", f"{host}:0",
     ]
     if fleet.engine_args:
         argv += ["--engine-args", json.dumps(fleet.engine_args, separators=(",", ":"))]

@@ -67,6 +67,7 @@ class ManagedProcess:
         self.popen: subprocess.Popen | None = None
         self.state = "pending"
         self.address: str | None = None
+        self.admin_address: str | None = None  # engine: its fault-injection service (ready line)
         self.instance_id: str | None = None
         self.restarts = 0
         self.starts = 0
@@ -109,6 +110,7 @@ class ManagedProcess:
         self.starts += 1
         self.state = "starting"
         self.address = None
+        self.admin_address = None
         self.exit_code = None
         self.exit_seen = False
         self.started_mono = time.monotonic()

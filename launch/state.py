@@ -41,3 +41,42 @@ def same_process(pid: int | None, create_time: float | None) -> bool:
 
 def supervisor_alive(state: dict[str, Any]) -> bool:
     return same_process(state.get("supervisor_pid"), state.get("supervisor_create_time"))
+
+
+def _stopped(pid: int | None) -> bool:
+    try:
+        return bool(pid) and psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _sidecar_of(name: str) -> str | None:
+    return "sidecar" + name[len("engine"):] if name.startswith("engine") else None
+
+
+def observed_states(state: dict[str, Any]) -> dict[str, str]:
+    """name -> what the operating system and discovery see now, for processes the supervisor
+    calls ready: `stopped (SIGSTOP)` (the process is stopped), `withdrawn` (a live sidecar whose
+    record is not in the file registry: it took its worker out of rotation), `stalled` (an
+    engine whose live sidecar withdrew: it answers but serves nothing). Processes not listed
+    keep the supervisor's state. Discovery is checked for file registries only."""
+    from launch.readiness import registry_dir
+
+    procs = {p["name"]: p for p in state.get("processes", [])}
+    directory = registry_dir(str(state.get("discovery") or ""))
+    out: dict[str, str] = {}
+    withdrawn: set[str] = set()
+    for name, p in procs.items():
+        if p.get("state") != "ready" or not same_process(p.get("pid"), p.get("create_time")):
+            continue
+        if _stopped(p.get("pid")):
+            out[name] = "stopped (SIGSTOP)"
+        elif p.get("role") == "sidecar" and directory is not None and not (
+            directory / f"{name}.json"
+        ).exists():
+            out[name] = "withdrawn"
+            withdrawn.add(name)
+    for name, p in procs.items():
+        if p.get("role") == "engine" and name not in out and _sidecar_of(name) in withdrawn:
+            out[name] = "stalled"
+    return out

@@ -214,6 +214,7 @@ class Supervisor:
                 fields = proc.ready_fields()
                 if fields is not None:
                     proc.address = fields["listen"]
+                    proc.admin_address = fields.get("admin")
                     proc.detail = f"ready line seen ({proc.address}), checking readiness"
             if proc.address is not None:
                 ok, detail = await self._probe(proc)
@@ -367,8 +368,10 @@ class Supervisor:
             proc.signal_group(signal.SIGTERM)
             proc.signal_group(signal.SIGCONT)
         else:
-            assert proc.address is not None
-            reply = await admin_fault(proc.address, kind)
+            if proc.admin_address is None:
+                raise RuntimeError(f"{name} serves no admin service (its ready line names no "
+                                   f"admin= address), so it cannot take a {kind} fault")
+            reply = await admin_fault(proc.admin_address, kind)
             return f"{kind} -> {name}: {reply}".rstrip(": ")
         return f"{kind} -> {name} (pid {proc.pid})"
 

@@ -14,7 +14,7 @@ TOML layout (every key optional):
     discovery = "file:/tmp/disc"  # default file:<run_dir>/discovery; also etcd://H:P, etcd
     ready_timeout_s = 60
     grace_s = 10
-    migration_limit = 0
+    migration_limit = 1           # lab.serve.settings.DEFAULT_MIGRATION_LIMIT; 0 = never
     enforce_disagg = false
     tokenizer = "/path/to/model"  # the frontend tokenizes with this HuggingFace tokenizer.json
     # fleet defaults (apply to every [[fleet]] that does not set them)
@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import DEFAULT_MODEL, ROLES, SocketSettings
+from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, ROLES, SocketSettings
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.linkshape import KEYS as LINK_KEYS
@@ -119,7 +119,7 @@ class TopologySpec:
     discovery: str | None = None  # None -> file:<run_dir>/discovery; "etcd" -> a local etcd
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     grace_s: float = DEFAULT_GRACE_S
-    migration_limit: int = 0
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT
     enforce_disagg: bool = False
     # a HuggingFace tokenizer.json (or a model directory holding one) for the frontend;
     # None: the frontend's word tokenizer

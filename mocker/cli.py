@@ -42,6 +42,10 @@ def _check_listen(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
+def _check_listen_opt(ctx: click.Context, param: click.Parameter, value: str | None):
+    return None if value is None else _check_listen(ctx, param, value)
+
+
 def _positive(ctx: click.Context, param: click.Parameter, value):
     if value is not None and value <= 0:
         raise click.BadParameter(f"must be > 0, got {value}")
@@ -69,6 +73,12 @@ def main() -> None:
 @click.option(
     "--listen", default=sc.DEFAULT_LISTEN, show_default=True, callback=_check_listen,
     help="HOST:PORT to serve gRPC on; port 0 picks a free port (the ready line names it).",
+)
+@click.option(
+    "--admin-listen", default=None, callback=_check_listen_opt, metavar="HOST:PORT",
+    help="Serve the fault-injection service (loadlab.mocker.v1.Admin: SetHealth, StallTokens, "
+    "Freeze, Exit, ExecutorFailure) on its own HOST:PORT (port 0 picks one; the ready line "
+    "names it as admin=). [default: not served]",
 )
 @click.option(
     "--role", "--disaggregation-mode", "role", type=click.Choice(sc.ROLES),
@@ -160,6 +170,7 @@ def main() -> None:
 )
 def serve(
     listen: str,
+    admin_listen: str | None,
     role: str,
     model: str,
     seed: int,
@@ -178,7 +189,8 @@ def serve(
     grace: float,
     log_level: str,
 ) -> None:
-    """Serve openengine.v1 Inference + Control, grpc.health.v1 and the admin service."""
+    """Serve openengine.v1 Inference + Control and grpc.health.v1 (and, with --admin-listen,
+    the fault-injection service on its own address)."""
     try:
         args = load_engine_args(
             engine_args, speedup_ratio=speedup_ratio, decode_speedup_ratio=decode_speedup_ratio
@@ -209,7 +221,7 @@ def serve(
     _setup_logging(log_level)
     from mocker.server.app import serve as serve_async
 
-    sys.exit(_run(serve_async(cfg, listen)))
+    sys.exit(_run(serve_async(cfg, listen, admin_listen)))
 
 
 @main.command()

@@ -111,9 +111,13 @@ def mocker_argv(
     role: str | None = None,
     instance_id: str | None = None,
     speedup: float | None = None,
+    admin: bool = False,
 ) -> list[str]:
-    """`mocker serve` on a free loopback port; unset options keep the server's defaults."""
+    """`mocker serve` on a free loopback port; unset options keep the server's defaults.
+    `admin`: the fault-injection service on a free port of its own (the ready line's `admin`)."""
     argv = [*MOCKER_ARGV, "serve", "--listen", "127.0.0.1:0"]
+    if admin:
+        argv += ["--admin-listen", "127.0.0.1:0"]
     if role is not None:
         argv += ["--role", role]
     if speedup is not None:

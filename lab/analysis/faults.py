@@ -14,6 +14,11 @@ import pandas as pd
 
 from lab.analysis.metrics import format_errors
 
+#: Kinds that end a fault: their outcome is when the worker was back in rotation.
+RESUME_KINDS = frozenset({"unfreeze", "cont", "serving"})
+#: How long after a withdrawal the frontend may still route to the worker (its discovery poll).
+WATCH_SLACK_S = 0.5
+
 _WORKER_IN_MESSAGE = re.compile(r"\(worker ([A-Za-z0-9_.:-]+)\)")
 
 
@@ -50,6 +55,13 @@ class FaultOutcome:
     failed_unattributed: int = 0
     ok_other_worker_during: int = 0
     failed_before: int = 0
+    moved: int = 0  # requests that failed on the worker and finished on another one
+    moved_to: dict[str, int] = field(default_factory=dict)
+    reached_while_out: int = 0  # requests sent to the worker while it was out of rotation
+
+    @property
+    def resume(self) -> bool:
+        return self.kind in RESUME_KINDS
 
 
 @dataclass
@@ -75,7 +87,7 @@ class FaultAnalysis:
 
     def markdown(self) -> str:
         header = ["fault", "at", "left discovery", "sidecar exited", "back and registered",
-                  "failed requests", "failed on other workers"]
+                  "failed requests", "moved to another worker", "failed on other workers"]
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for o in self.outcomes:
             exit_txt = self._rel(o.sidecar_exit_ns)
@@ -83,11 +95,21 @@ class FaultAnalysis:
                 exit_txt += f" (code {o.sidecar_exit_code})"
             lines.append("| " + " | ".join([
                 f"{o.kind} {o.process}", self._rel(o.t_ns), self._rel(o.withdrawn_ns), exit_txt,
-                self._rel(o.registered_ns), format_errors(o.failed), str(o.failed_other_worker),
+                self._rel(o.registered_ns), format_errors(o.failed), _moved(o),
+                str(o.failed_other_worker),
             ]) + " |")
         text = ["Times are seconds since the sweep's first request.", "", "\n".join(lines), ""]
         for o in self.outcomes:
             sentence = [f"`{o.kind}` on {o.process} at {self._rel(o.t_ns)}:"]
+            if o.resume:
+                if o.registered_ns is not None:
+                    sentence.append(f"{o.worker} was back in rotation "
+                                    f"{(o.registered_ns - o.t_ns) / 1e6:.0f} ms later.")
+                elif o.worker:
+                    sentence.append(f"{o.worker} was not back in rotation within the run.")
+                text.append(" ".join(sentence))
+                text.append("")
+                continue
             if o.withdrawn_ns is not None:
                 sentence.append(f"{o.worker} left discovery "
                                 f"{(o.withdrawn_ns - o.t_ns) / 1e6:.0f} ms later;")
@@ -102,6 +124,9 @@ class FaultAnalysis:
             kinds = format_errors(o.failed)
             kinds = kinds[kinds.index("(") + 1:-1] if "(" in kinds else "none"
             sentence.append(f"{n_failed} requests failed after the fault ({kinds})")
+            if o.moved:
+                to = ", ".join(f"to {w}: {n}" for w, n in sorted(o.moved_to.items()))
+                sentence.append(f"and {o.moved} moved to another worker ({to})")
             if o.failed_unattributed:
                 sentence.append(f"({o.failed_unattributed} of them name no worker)")
             if o.failed_other_worker == 0:
@@ -109,9 +134,19 @@ class FaultAnalysis:
                                 "on other workers succeeded meanwhile).")
             else:
                 sentence.append(f"of which {o.failed_other_worker} on another worker.")
+            if o.withdrawn_ns is not None:
+                sentence.append(f"{o.reached_while_out} requests were sent to {o.worker} while "
+                                f"it was out of rotation (from {WATCH_SLACK_S:g} s after it "
+                                "left discovery).")
             text.append(" ".join(sentence))
             text.append("")
         return "\n".join(text).rstrip() + "\n"
+
+
+def _moved(o: FaultOutcome) -> str:
+    if not o.moved:
+        return "0"
+    return f"{o.moved} (" + ", ".join(f"to {w}: {n}" for w, n in sorted(o.moved_to.items())) + ")"
 
 
 def _first(events: list[dict], kind: str, name: str | None, after: int) -> dict | None:
@@ -133,7 +168,10 @@ def analyse_faults(requests: pd.DataFrame, events: list[dict]) -> FaultAnalysis:
         nxt = int(faults[i + 1]["t_ns"]) if i + 1 < len(faults) else None
         worker = worker_of(str(f.get("name", "")))
         o = FaultOutcome(process=str(f.get("name")), kind=str(f.get("kind")), t_ns=t, worker=worker)
-        if worker:
+        if worker and o.resume:
+            r = _first(events, "registered", worker, t)
+            o.registered_ns = r["t_ns"] if r else None
+        elif worker:
             w = _first(events, "withdrawn", worker, t)
             o.withdrawn_ns = w["t_ns"] if w else None
             x = _first(events, "exit", worker, t)
@@ -148,6 +186,21 @@ def analyse_faults(requests: pd.DataFrame, events: list[dict]) -> FaultAnalysis:
         after = (done >= t) if nxt is None else ((done >= t) & (done < nxt))
         hit = requests[after & failed_mask]
         o.failed = dict(Counter(str(k) for k in hit["error_kind"]).most_common())
+        if worker and "moved_from" in requests.columns:
+            moved_from = requests["moved_from"].astype("string").fillna("")
+            left = moved_from.str.split(",").apply(lambda ws, w=worker: w in ws)
+            moved = requests[after & ~failed_mask & left]
+            o.moved = len(moved)
+            o.moved_to = dict(Counter(str(w) for w in moved["decode_worker_id"]).most_common())
+            if o.withdrawn_ns is not None:
+                # Sent after the frontend could have seen the withdrawal (its discovery poll),
+                # before the worker was back: did any reach it?
+                out_from = o.withdrawn_ns + int(WATCH_SLACK_S * 1e9)
+                out_to = o.registered_ns or int(requests["sent_ns"].max()) + 1
+                sent = requests["sent_ns"]
+                reached = left | (requests["decode_worker_id"].astype("string") == worker)
+                o.reached_while_out = int(
+                    (reached.fillna(False) & (sent >= out_from) & (sent < out_to)).sum())
         if worker:
             ran_on = request_workers(requests)
             on_other = ran_on.notna() & (ran_on != worker)

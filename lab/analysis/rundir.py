@@ -67,6 +67,7 @@ REQUEST_SCHEMA = pa.schema([
     ("http_status", pa.int64()),
     ("prefill_worker_id", pa.string()),
     ("decode_worker_id", pa.string()),
+    ("moved_from", pa.string()),  # workers a request failed on and moved away from (comma list)
     ("chunk_times_ns", pa.list_(pa.int64())),
 ])
 REQUEST_COLUMNS = REQUEST_SCHEMA.names
@@ -76,7 +77,7 @@ def records_table(records: list[dict]) -> pa.Table:
     """Records (dicts from the client + run columns) as a table with REQUEST_SCHEMA."""
     cols = {name: [r.get(name) for r in records] for name in REQUEST_COLUMNS}
     for name in ("response_id", "request_id", "prefill_worker_id", "decode_worker_id",
-                 "finish_reason", "error_kind", "error_message", "run_id"):
+                 "moved_from", "finish_reason", "error_kind", "error_message", "run_id"):
         cols[name] = [None if v is None else str(v) for v in cols[name]]
     return pa.table(cols, schema=REQUEST_SCHEMA)
 

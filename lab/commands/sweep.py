@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import sys
 import time
@@ -30,14 +31,21 @@ _FAULT_RE = re.compile(r"^(?P<proc>[A-Za-z0-9_.-]+):(?P<kind>[a-z-]+)@(?P<num>\d
                        r"(?P<unit>ms|s)?$")
 
 
+#: The most requests in flight one level may ask for (and requests per level).
+MAX_CONCURRENCY = 10_000
+MAX_REQUESTS = 10_000_000
+
 # ----- parsing -----
 
 def parse_conc(value: str) -> list[int]:
     """'1,32,128' -> [1, 32, 128] (sorted, unique); BadParameter naming --conc otherwise."""
-    items = [v.strip() for v in str(value).split(",") if v.strip()]
-    if not items:
+    items = [v.strip() for v in str(value).split(",")]
+    if not any(items):
         raise click.BadParameter("expected a comma-separated list of positive integers, e.g. "
                                  "1,32,128,256", param_hint="'--conc'")
+    if not all(items):
+        raise click.BadParameter(f"{value!r} has an empty item (expected e.g. 1,32,128,256)",
+                                 param_hint="'--conc'")
     out = []
     for item in items:
         try:
@@ -47,6 +55,10 @@ def parse_conc(value: str) -> list[int]:
                                      param_hint="'--conc'") from None
         if n < 1:
             raise click.BadParameter(f"{n} is not a positive concurrency", param_hint="'--conc'")
+        if n > MAX_CONCURRENCY:
+            raise click.BadParameter(f"{n} exceeds the limit of {MAX_CONCURRENCY} requests in "
+                                     "flight (each holds a connection and its buffers)",
+                                     param_hint="'--conc'")
         out.append(n)
     return sorted(set(out))
 
@@ -112,8 +124,9 @@ def check_faults(faults: list[FaultSpec], spec: Any) -> None:
 # ----- the command -----
 
 def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise click.BadParameter(f"must be > 0 (got {value:g})", param_hint=f"'{name}'")
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"must be a finite number > 0 (got {value:g})",
+                                 param_hint=f"'{name}'")
 
 
 @click.command()
@@ -193,8 +206,15 @@ def sweep(**kw: Any) -> None:
     for name, key in (("--warmup", "warmup"), ("--shared-prefix", "shared_prefix"),
                       ("--isl-stddev", "isl_stddev"), ("--osl-stddev", "osl_stddev"),
                       ("--gap-ms", "gap_ms")):
-        if kw[key] is not None and kw[key] < 0:
-            raise click.BadParameter(f"must be >= 0 (got {kw[key]:g})", param_hint=f"'{name}'")
+        if kw[key] is not None and not (math.isfinite(kw[key]) and kw[key] >= 0):
+            raise click.BadParameter(f"must be a finite number >= 0 (got {kw[key]:g})",
+                                     param_hint=f"'{name}'")
+    if kw["shared_prefix"] > kw["isl"]:
+        raise click.BadParameter(f"{kw['shared_prefix']} exceeds --isl {kw['isl']} (the shared "
+                                 "prefix is part of the prompt)", param_hint="'--shared-prefix'")
+    if kw["n_requests"] is not None and kw["n_requests"] > MAX_REQUESTS:
+        raise click.BadParameter(f"{kw['n_requests']} exceeds the limit of {MAX_REQUESTS}",
+                                 param_hint="'--requests'")
     if kw["n_requests"] is not None and kw["duration"] is not None:
         raise click.UsageError("--requests and --duration are alternatives: give one")
     faults = parse_faults(kw["faults"])

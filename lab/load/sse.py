@@ -140,6 +140,8 @@ def _absorb(obj: dict, out: dict) -> bool:
             out["finish_reason"] = choice["finish_reason"]
     usage = obj.get("usage")
     if usage:
+        if not isinstance(usage, dict):
+            raise TypeError(f"usage is a {type(usage).__name__}, not an object")
         out["_usage"] = usage
     nvext = obj.get("nvext")
     if nvext:
@@ -147,9 +149,37 @@ def _absorb(obj: dict, out: dict) -> bool:
         if isinstance(wid, dict):
             out["prefill_worker_id"] = wid.get("prefill_worker_id") or out.get("prefill_worker_id")
             out["decode_worker_id"] = wid.get("decode_worker_id") or out.get("decode_worker_id")
+            moved = wid.get("moved_from")
+            if moved:
+                out["moved_from"] = ",".join(str(w) for w in moved)
         elif isinstance(wid, str):
             out["decode_worker_id"] = wid
     return has_content
+
+
+#: What a well-formed JSON event of the wrong shape raises while it is read (e.g. "choices": "x").
+_SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
+
+
+def _malformed(out: dict, event: bytes | None, exc: BaseException) -> None:
+    """Record a wrongly shaped event as this request's error, naming the offending line."""
+    text = (event or b"")[:200].decode(errors="replace")
+    out["error_kind"] = "protocol"
+    out["error_message"] = f"malformed response event ({type(exc).__name__}: {exc}): {text}"
+
+
+def _count(obj: dict, key: str, out: dict) -> int | None:
+    """A token count from usage; a value that is not a non-negative integer is a protocol
+    error (recorded) and counts as absent."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if out["error_kind"] is None:
+            out["error_kind"] = "protocol"
+            out["error_message"] = f"usage.{key} is not a token count: {str(value)[:100]}"
+        return None
+    return value
 
 
 def parse_response(raw: RawResponse, streaming: bool) -> dict:
@@ -161,6 +191,7 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
         "finish_reason": None,
         "prefill_worker_id": None,
         "decode_worker_id": None,
+        "moved_from": None,
         "error_kind": raw.error_kind,
         "error_message": raw.error_message,
     }
@@ -169,49 +200,53 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
     if streaming and raw.status == 200:
         loads = orjson.loads
         for t, ev in zip(*split_events(raw.times, raw.pieces, raw.done_ns), strict=True):
-            if ev.startswith(b"data: {") and b"\n" not in ev:  # the usual one-line event
-                try:
-                    obj = loads(ev[6:])
-                except orjson.JSONDecodeError:
-                    pass
-                else:
-                    # most events: one choice with content and nothing else to record
-                    choices = obj.get("choices")
-                    if (choices and len(choices) == 1 and out["response_id"] is not None
-                            and _PLAIN_KEYS.issuperset(obj)):
-                        c = choices[0]
-                        if c.get("finish_reason") is None and (
-                                c.get("text") or (c.get("delta") or _EMPTY).get("content")):
-                            chunk_times.append(t)
-                            continue
-                    if _absorb(obj, out):
-                        chunk_times.append(t)
-                    continue
-            is_error_event = False
-            for line in ev.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        saw_done = True
-                        continue
-                    if not payload:
-                        continue
+            try:
+                if ev.startswith(b"data: {") and b"\n" not in ev:  # the usual one-line event
                     try:
-                        obj = orjson.loads(payload)
+                        obj = loads(ev[6:])
                     except orjson.JSONDecodeError:
-                        out["error_kind"] = out["error_kind"] or "protocol"
-                        out["error_message"] = out["error_message"] or (
-                            f"unparsable SSE data: {payload[:200].decode(errors='replace')}"
-                        )
+                        pass
+                    else:
+                        # most events: one choice with content and nothing else to record
+                        choices = obj.get("choices")
+                        if (choices and len(choices) == 1 and out["response_id"] is not None
+                                and _PLAIN_KEYS.issuperset(obj)):
+                            c = choices[0]
+                            if c.get("finish_reason") is None and (
+                                    c.get("text") or (c.get("delta") or _EMPTY).get("content")):
+                                chunk_times.append(t)
+                                continue
+                        if _absorb(obj, out):
+                            chunk_times.append(t)
                         continue
-                    if not isinstance(obj, dict):
-                        continue
-                    if is_error_event and "error" not in obj:
-                        obj = {"error": obj}
-                    if _absorb(obj, out):
-                        chunk_times.append(t)
-                elif line.startswith(b"event:") and b"error" in line:
-                    is_error_event = True
+                is_error_event = False
+                for line in ev.split(b"\n"):
+                    if line.startswith(b"data:"):
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            saw_done = True
+                            continue
+                        if not payload:
+                            continue
+                        try:
+                            obj = orjson.loads(payload)
+                        except orjson.JSONDecodeError:
+                            out["error_kind"] = out["error_kind"] or "protocol"
+                            out["error_message"] = out["error_message"] or (
+                                f"unparsable SSE data: {payload[:200].decode(errors='replace')}"
+                            )
+                            continue
+                        if not isinstance(obj, dict):
+                            continue
+                        if is_error_event and "error" not in obj:
+                            obj = {"error": obj}
+                        if _absorb(obj, out):
+                            chunk_times.append(t)
+                    elif line.startswith(b"event:") and b"error" in line:
+                        is_error_event = True
+            except _SHAPE_ERRORS as exc:
+                _malformed(out, ev, exc)
+                break
         if out["error_kind"] is None and raw.error_kind is None and not saw_done:
             out["error_kind"] = "incomplete"
             out["error_message"] = "stream ended without [DONE]"
@@ -222,28 +257,30 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
             obj = None
             out["error_kind"] = "protocol"
             out["error_message"] = "unparsable JSON response"
-        if isinstance(obj, dict) and _absorb(obj, out) and raw.done_ns is not None:
-            chunk_times.append(raw.done_ns)
+        try:
+            if isinstance(obj, dict) and _absorb(obj, out) and raw.done_ns is not None:
+                chunk_times.append(raw.done_ns)
+        except _SHAPE_ERRORS as exc:
+            _malformed(out, raw.body, exc)
     elif raw.status is not None and raw.status != 200 and out["error_kind"] is None:
         out["error_kind"] = f"http_{raw.status}"
         out["error_message"] = error_message_from_body(raw.body)
 
     usage = out.pop("_usage", None) or {}
     n_chunks = len(chunk_times)
-    completion = usage.get("completion_tokens")
+    completion = _count(usage, "completion_tokens", out)
     if completion is not None:
-        out["output_tokens"] = int(completion)
+        out["output_tokens"] = completion
         out["output_tokens_source"] = "usage"
     else:
         out["output_tokens"] = n_chunks
         out["output_tokens_source"] = "chunks"
-    prompt = usage.get("prompt_tokens")
-    out["input_tokens"] = int(prompt) if prompt is not None else None
+    out["input_tokens"] = _count(usage, "prompt_tokens", out)
     details = usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = _count(details, "cached_tokens", out) if isinstance(details, dict) else None
     if cached is None:
-        cached = usage.get("cached_tokens")
-    out["cached_tokens"] = int(cached) if cached is not None else None
+        cached = _count(usage, "cached_tokens", out)
+    out["cached_tokens"] = cached
     out["chunks"] = n_chunks
     out["tokens_per_chunk"] = out["output_tokens"] / n_chunks if n_chunks else None
     out["chunk_times_ns"] = chunk_times

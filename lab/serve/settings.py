@@ -8,6 +8,7 @@ from lab.wire.constants import DEFAULT_MODEL, ROLES
 
 __all__ = [
     "DEFAULT_GRPC_CLIENT",
+    "DEFAULT_MIGRATION_LIMIT",
     "DEFAULT_MODEL",
     "GRPC_CLIENTS",
     "ROLES",
@@ -21,6 +22,12 @@ __all__ = [
 #: the reference). Control RPCs and the liveness watch always use grpc.aio.
 GRPC_CLIENTS = ("h2", "aio")
 DEFAULT_GRPC_CLIENT = "h2"
+
+# Times a request whose worker failed mid-stream (retryable error, broken stream, a stalled
+# engine) moves to another worker, continuing from the tokens already sent. One by default: a
+# single lost or hung worker then costs no request, and a request can cost at most two engine
+# runs (a poison request cannot walk the whole fleet). 0 = a worker failure reaches the client.
+DEFAULT_MIGRATION_LIMIT = 1
 
 
 @dataclass(frozen=True)
@@ -56,3 +63,8 @@ class SidecarTiming:
     retry_interval_s: float = 1.0
     load_poll_s: float = 1.0
     stale_load_s: float = 30.0
+    # Progress-based liveness: requests in flight and no token for this long (or, idle, no
+    # GetLoad answer) withdraws the worker. Well above a long prefill at speedup 1.
+    stall_s: float = 2.0
+    # One readiness probe (canary generation / GetLoad progress) before (re)registering.
+    probe_timeout_s: float = 2.0

@@ -36,7 +36,11 @@ _TOKEN_PREFIX = "<token:"
 class Tokenizer(Protocol):
     name: str
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """Token ids of `text`. With `limit`, a text of more than `limit` tokens may return
+        just limit + 1 of them (the caller rejects it; the cost stays proportional to the
+        limit, not to the text)."""
+        ...
 
     def decode(self, ids: list[int]) -> str:
         """Text of a run of tokens (one chunk); chunk texts concatenate to the whole output."""
@@ -66,10 +70,15 @@ class WordTokenizer:
         self._ids: dict[str, int] = {}
         self._pieces: dict[int, str] = {}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
         ids = self._ids
         out = []
-        for word in text.split():
+        # maxsplit=limit: at most limit + 1 words, the last one holding the rest of the text;
+        # limit + 1 pieces means more than `limit` words, which is all the caller needs.
+        words = text.split() if limit is None else text.split(maxsplit=limit)
+        if limit is not None and len(words) > limit:
+            words[limit] = ""  # the remainder is not one word; the count is what matters
+        for word in words:
             tid = ids.get(word)
             if tid is None:
                 tid = word_token_id(word)
@@ -113,7 +122,9 @@ class HFTokenizer:
         self.name = str(p)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        # A token is at least one character here only for most texts, so the text is encoded
+        # whole (its size is bounded by the frontend's body limit); the caller checks `limit`.
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:

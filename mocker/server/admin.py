@@ -1,5 +1,9 @@
 """loadlab.mocker.v1.Admin: fault injection for tests and `lab fault`.
 
+Served only when asked (`mocker serve --admin-listen HOST:PORT`, which the launcher passes), on
+its own gRPC server, never on the inference port. Arguments are bounded: a known health service
+and a ServingStatus, 0 <= StallTokens seconds <= MAX_ADMIN_STALL_S, an Exit code in 0-255.
+
 SetHealth sets one grpc.health.v1 service's status; StallTokens holds token delivery to clients
 for N seconds (the engine keeps running; 0 resumes); Freeze stops/resumes the engine loop (no
 passes, GetLoad's timestamp stops advancing); Exit ends the process with a code right after
@@ -17,6 +21,7 @@ import grpc
 
 from lab.wire import constants as wc
 
+from .config import ADMIN_EXIT_CODES, MAX_ADMIN_STALL_S
 from .health import NOT_SERVING
 from .pb import admin_pb2, admin_pb2_grpc, health_pb2
 from .state import ServerState
@@ -32,6 +37,13 @@ class Admin(admin_pb2_grpc.AdminServicer):
         self._st = state
 
     async def SetHealth(self, request, context):
+        if request.service not in wc.HEALTH_SERVICES:
+            known = ", ".join(repr(s) for s in wc.HEALTH_SERVICES)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"service {request.service[:64]!r} is not a health service of this engine "
+                f"({known})",
+            )
         if request.status not in health_pb2.HealthCheckResponse.ServingStatus.values():
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"status {request.status} is not a ServingStatus"
@@ -43,8 +55,11 @@ class Admin(admin_pb2_grpc.AdminServicer):
 
     async def StallTokens(self, request, context):
         seconds = request.seconds
-        if not seconds >= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "seconds must be >= 0")
+        if not 0 <= seconds <= MAX_ADMIN_STALL_S:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"seconds must be in [0, {MAX_ADMIN_STALL_S:g}], got {seconds!r}",
+            )
         self._st.stall_tokens(seconds)
         log.warning("admin: token delivery stalled for %g s", seconds)
         return admin_pb2.AdminReply(
@@ -58,6 +73,10 @@ class Admin(admin_pb2_grpc.AdminServicer):
 
     async def Exit(self, request, context):
         code = request.code
+        if code not in ADMIN_EXIT_CODES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"code must be in 0-255, got {code}"
+            )
         log.warning("admin: exiting with code %d", code)
         asyncio.get_running_loop().call_later(EXIT_DELAY_S, os._exit, code)
         return admin_pb2.AdminReply(message=f"exiting with code {code}")

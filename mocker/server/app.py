@@ -1,8 +1,9 @@
 """Assemble and run the mocker's gRPC server.
 
-One gRPC server on one port serves openengine.v1 Inference + Control, grpc.health.v1, the
-admin service and the request recorder: lab.wire.h2grpc's batched HTTP/2 server by default,
-grpc.aio with `--grpc-server aio`. Graceful stop (SIGTERM/SIGINT): every health service
+One gRPC server on one port serves openengine.v1 Inference + Control, grpc.health.v1 and the
+request recorder: lab.wire.h2grpc's batched HTTP/2 server by default, grpc.aio with
+`--grpc-server aio`. The admin (fault-injection) service runs only when `admin_listen` is given,
+on a server of its own bound there. Graceful stop (SIGTERM/SIGINT): every health service
 NOT_SERVING (liveness first), Watch streams end, in-flight requests get `grace_s` to finish, then
 the engine loop stops and `serve` returns 0.
 """
@@ -55,9 +56,11 @@ class MockerServer:
         cfg: ServerConfig,
         listen: str,
         scheduler_factory: Callable[[EngineArgs], Scheduler] = Scheduler,
+        admin_listen: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.listen = listen
+        self.admin_listen = admin_listen
         fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
@@ -69,9 +72,13 @@ class MockerServer:
         add_inference(Inference(self.state), self.server)
         openengine_pb2_grpc.add_ControlServicer_to_server(Control(self.state), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.state), self.server)
         self.server.add_generic_rpc_handlers([self.state.recorder.handler()])
+        self.admin_server: grpc.aio.Server | None = None
+        if admin_listen:
+            self.admin_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.state), self.admin_server)
         self.address = ""
+        self.admin_address = ""
         self.failed: Exception | None = None
         self._stop = asyncio.Event()
 
@@ -79,6 +86,12 @@ class MockerServer:
         """Bind and start; returns the bound "host:port"."""
         host, _, _ = self.listen.rpartition(":")
         port = self.server.add_insecure_port(self.listen)
+        if self.admin_server is not None:
+            assert self.admin_listen is not None
+            admin_host, _, _ = self.admin_listen.rpartition(":")
+            admin_port = self.admin_server.add_insecure_port(self.admin_listen)
+            await self.admin_server.start()
+            self.admin_address = f"{admin_host}:{admin_port}"
         await self.server.start()
         self.address = f"{host}:{port}"
         return self.address
@@ -117,6 +130,8 @@ class MockerServer:
             log.info("stopping: liveness NOT_SERVING, grace %.1f s", self.cfg.grace_s)
             self.health.enter_graceful_shutdown()
             await self.server.stop(self.cfg.grace_s)
+            if self.admin_server is not None:
+                await self.admin_server.stop(0)
             self.state.loop.stop()
             await engine_task
         st = self.state
@@ -134,9 +149,9 @@ class MockerServer:
         )
 
 
-async def serve(cfg: ServerConfig, listen: str) -> int:
+async def serve(cfg: ServerConfig, listen: str, admin_listen: str | None = None) -> int:
     """Run `mocker serve` until SIGTERM/SIGINT; returns the exit code."""
-    server = MockerServer(cfg, listen)
+    server = MockerServer(cfg, listen, admin_listen=admin_listen)
     try:
         address = await server.start()
     except (RuntimeError, OSError) as exc:  # grpc.aio raises RuntimeError, h2grpc OSError
@@ -147,7 +162,8 @@ async def serve(cfg: ServerConfig, listen: str) -> int:
         loop.add_signal_handler(sig, server.stop)
 
     def ready(addr: str) -> None:
-        log.info(format_ready("engine", cfg.instance_id, addr))
+        extra = {"admin": server.admin_address} if server.admin_address else {}
+        log.info(format_ready("engine", cfg.instance_id, addr, **extra))
 
     log.info(
         "role=%s model=%s speedup=%g engine_args=%s",

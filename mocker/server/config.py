@@ -29,6 +29,9 @@ STALL_TIMEOUT_S = 30.0
 #: the reference it is tested against).
 GRPC_SERVERS = ("h2", "aio")
 DEFAULT_GRPC_SERVER = "h2"
+#: Admin argument bounds: StallTokens seconds, Exit codes.
+MAX_ADMIN_STALL_S = 3600.0
+ADMIN_EXIT_CODES = range(0, 256)
 #: Graceful-stop grace for in-flight requests.
 GRACE_S = 5.0
 #: Request recorder ring size.

@@ -47,6 +47,13 @@ def run(*args: str) -> tuple[int, str]:
     (["--target", "http://127.0.0.1:9", "--model", "m"], "--target"),
     (["--target", "http://127.0.0.1:9", "--disagg"], "--disagg"),
     (["--requests", "5", "--duration", "5"], "--duration"),
+    (["--conc", "1,,2"], "--conc"),
+    (["--conc", "1000000000"], "10000"),
+    (["--shared-prefix", "200", "--isl", "100"], "--shared-prefix"),
+    (["--slo-ttft-ms", "nan"], "--slo-ttft-ms"),
+    (["--slo-latency-ms", "inf"], "--slo-latency-ms"),
+    (["--gap-ms", "nan"], "--gap-ms"),
+    (["--requests", "100000000000"], "--requests"),
 ])
 def test_bad_input_exits_2_naming_it(args: list[str], named: str) -> None:
     code, out = run(*args)

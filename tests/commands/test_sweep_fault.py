@@ -36,3 +36,31 @@ def test_kill_mid_sweep(tmp_path: Path) -> None:
     md = (run / "report.md").read_text()
     assert "## Faults" in md and "kill engine-1" in md and "left discovery" in md
     assert (run / "plots" / "fault_timeline.png").exists()
+
+
+def test_freeze_mid_sweep_moves_requests_and_the_worker_returns(tmp_path: Path) -> None:
+    """A frozen engine (health still SERVING) leaves rotation; with the default migration its
+    in-flight requests move to the other worker (none fails), nothing is sent to it while it is
+    out, and it is back after the unfreeze. Generous bounds: the figures are in the README."""
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "lab"), "sweep", "--engines", "2", "--conc", "8",
+         "--duration", "9", "--osl", "64", "--isl", "24", "--speedup", "1",
+         "--fault", "engine-1:freeze@2s,engine-1:unfreeze@6s", "--out", str(run), "--quiet",
+         "--no-plots"],
+        capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    req = pd.read_parquet(run / "requests.parquet")
+    freeze, unfreeze = analyse_faults(req, read_events(run)).outcomes
+    assert (freeze.kind, freeze.worker, unfreeze.kind) == ("freeze", "sidecar-1", "unfreeze")
+    assert freeze.withdrawn_ns is not None
+    assert (freeze.withdrawn_ns - freeze.t_ns) / 1e9 < 10.0
+    assert freeze.sidecar_exit_ns is None or freeze.sidecar_exit_ns > unfreeze.t_ns  # stays up
+    assert sum(freeze.failed.values()) == 0 and freeze.moved > 0
+    assert set(freeze.moved_to) == {"sidecar-0"}
+    assert freeze.reached_while_out == 0
+    assert unfreeze.registered_ns is not None
+    assert (unfreeze.registered_ns - unfreeze.t_ns) / 1e9 < 10.0
+    assert int((~req["ok"]).sum()) == 0
+    md = (run / "report.md").read_text()
+    assert "freeze engine-1" in md and "moved to another worker" in md

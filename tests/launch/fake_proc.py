@@ -94,6 +94,7 @@ def engine(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--listen", default="127.0.0.1:0")
     parser.add_argument("--instance-id", default="fake-engine")
+    parser.add_argument("--admin-listen", default=None)
     args, _ = parser.parse_known_args(argv)
     lifecycle_start()
     server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(4))
@@ -102,7 +103,8 @@ def engine(argv: list[str]) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = server.add_insecure_port(args.listen)
     server.start()
-    log(format_ready("engine", args.instance_id, f"127.0.0.1:{port}"))
+    extra = {"admin": f"127.0.0.1:{port}"} if args.admin_listen else {}
+    log(format_ready("engine", args.instance_id, f"127.0.0.1:{port}", **extra))
     while not STOP.wait(0.1):
         if triggered():
             log("exiting 1 on purpose")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -113,10 +114,24 @@ def test_real_detached_run_with_cli_fault(tmp_path: Path) -> None:
         state = json.loads((run_dir / "state.json").read_text())
         url = state["frontend_url"]
         assert json.loads(urllib.request.urlopen(url + "/v1/models", timeout=5).read())
+        def observed(want: dict[str, str]) -> None:
+            deadline = time.monotonic() + 30
+            while True:
+                info = json.loads(lab("ps", str(run_dir), "--json").stdout)
+                seen = {p["name"]: p["observed"] for p in info["processes"]}
+                if all(seen.get(k) == v for k, v in want.items()):
+                    return
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.2)
+
         fault = lab("fault", str(run_dir), "--process", "engine-0", "--kind", "freeze")
         assert fault.returncode == 0 and "frozen" in fault.stdout, fault.stderr
+        # Even idle, a frozen engine leaves rotation (its load clock stopped): ps says so.
+        observed({"engine-0": "stalled", "sidecar-0": "withdrawn"})
+        assert "stalled" in lab("ps", str(run_dir)).stdout
         fault = lab("fault", str(run_dir), "--process", "engine-0", "--kind", "unfreeze")
         assert fault.returncode == 0, fault.stderr
+        observed({"engine-0": "ready", "sidecar-0": "ready"})
         assert complete(url)["usage"]["completion_tokens"] == 6
         ps = lab("ps", str(run_dir))
         assert "engine-0" in ps.stdout and "ready" in ps.stdout

@@ -6,6 +6,7 @@ in flight, and fails on demand:
 - prompt[0] == FAIL_HTTP -> 503 with an OpenAI error body
 - prompt[0] == FAIL_STREAM -> an error event after two tokens
 - prompt[0] == FAIL_CUT -> the connection is dropped mid-stream
+- prompt[0] == FAIL_SHAPE -> a well-formed event of the wrong shape (`"choices": "x"`)
 It can also be run as a process: `python -m tests.load.fake_openai --port 0` (prints a ready line).
 """
 
@@ -21,6 +22,10 @@ from aiohttp import web
 FAIL_HTTP = 7
 FAIL_STREAM = 8
 FAIL_CUT = 9
+FAIL_SHAPE = 10
+SHAPE_EVENTS = (b'{"choices":"x"}', b'{"choices":[1]}', b'{"choices":[{"delta":"x"}]}',
+                b'{"usage":"many"}', b'{"usage":{"completion_tokens":"ten"}}',
+                b'{"choices":[],"nvext":5}')
 
 
 class FakeOpenAI:
@@ -81,6 +86,10 @@ class FakeOpenAI:
                 if first == FAIL_STREAM and sent >= 2:
                     await resp.write(b"event: error\ndata: " + orjson.dumps(
                         {"error": {"message": "engine died", "type": "engine_error"}}) + b"\n\n")
+                    return resp
+                if first == FAIL_SHAPE and sent >= 2:
+                    shape = SHAPE_EVENTS[prompt[1] % len(SHAPE_EVENTS)]
+                    await resp.write(b"data: " + shape + b"\n\ndata: [DONE]\n\n")
                     return resp
                 if first == FAIL_CUT and sent >= 2:
                     assert request.transport is not None

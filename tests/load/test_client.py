@@ -9,7 +9,15 @@ import pytest
 
 from lab.load.client import ClientOptions, Progress, run_level
 from lab.load.workload import WorkloadSpec, build_requests
-from tests.load.fake_openai import FAIL_CUT, FAIL_HTTP, FAIL_STREAM, FakeOpenAI, start
+from tests.load.fake_openai import (
+    FAIL_CUT,
+    FAIL_HTTP,
+    FAIL_SHAPE,
+    FAIL_STREAM,
+    SHAPE_EVENTS,
+    FakeOpenAI,
+    start,
+)
 
 
 @pytest.fixture
@@ -79,6 +87,24 @@ async def test_failed_requests_are_rows(fake: tuple[FakeOpenAI, str]) -> None:
     assert r3["http_status"] == 503 and "no worker" in r3["error_message"]
     assert "engine died" in res.records[5]["error_message"]
     assert res.records[5]["chunks"] == 2  # the tokens before the error are still recorded
+
+
+async def test_wrongly_shaped_events_are_per_request_errors(fake: tuple[FakeOpenAI, str]) -> None:
+    """A target that sends well-formed JSON of the wrong shape fails those requests (the line
+    recorded), not the client or the level."""
+    _server, url = fake
+    reqs = bodies(12)
+    shaped = {}
+    for i, shape in enumerate(SHAPE_EVENTS):
+        reqs[i]["prompt"][:2] = [FAIL_SHAPE, i]
+        shaped[i] = shape
+    res = await run_level(url, reqs, 4)
+    assert len(res.records) == 12
+    for i, shape in shaped.items():
+        rec = res.records[i]
+        assert not rec["ok"] and rec["error_kind"] == "protocol", (shape, rec)
+        assert shape.decode()[:20] in rec["error_message"] or "usage." in rec["error_message"]
+    assert all(r["ok"] for r in res.records[len(shaped):])
 
 
 async def test_unreachable_server_gives_connect_errors() -> None:

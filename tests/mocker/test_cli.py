@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from lab.wire.gen.openengine.v1 import openengine_pb2_grpc, server_pb2
 from mocker.cli import main
-from tests.procs import mocker_argv
+from tests.mocker.test_server_support import mocker_argv
 
 
 def run(*args: str):

@@ -11,6 +11,7 @@ import threading
 import time
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lab.wire.gen.loadlab.mocker.v1 import admin_pb2
@@ -19,10 +20,10 @@ from lab.wire.gen.openengine.v1 import generation_pb2 as g
 from tests.mocker.test_server_support import (
     Engine,
     assert_one_terminal,
+    mocker_argv,
     request,
     tokens_of,
 )
-from tests.procs import mocker_argv
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -30,7 +31,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def _engine(spawn, name: str, *extra: str) -> Engine:
     proc = spawn(name, mocker_argv(*extra))
-    return Engine(proc, grpc.insecure_channel(proc.address))
+    return Engine(
+        proc, grpc.insecure_channel(proc.address), grpc.insecure_channel(proc.ready["admin"])
+    )
 
 
 def _exit_code(engine: Engine, timeout: float) -> int | None:
@@ -43,7 +46,10 @@ def _exit_code(engine: Engine, timeout: float) -> int | None:
 def test_ready_line_names_the_instance_and_the_bound_port(spawn):
     e = _engine(spawn, "engine-ready", "--speedup-ratio", "0", "--instance-id", "engine-0-1a2b3c4d")
     line = next(ln for ln in e.proc.log().splitlines() if "ready role=" in ln)
-    m = re.search(r"ready role=engine id=engine-0-1a2b3c4d listen=127\.0\.0\.1:(\d+)$", line)
+    m = re.search(
+        r"ready role=engine id=engine-0-1a2b3c4d listen=127\.0\.0\.1:(\d+) admin=127\.0\.0\.1:\d+$",
+        line,
+    )
     assert m and int(m.group(1)) > 0
     out = e.generate(request("ready-1", max_tokens=1))
     assert assert_one_terminal(out).finished.reason == g.FINISH_REASON_LENGTH
@@ -75,7 +81,8 @@ def test_sigterm_ends_watch_streams_lets_in_flight_requests_finish_and_exits_0(s
     assert seen == [SERVING, NOT_SERVING] and watch_end == ["ok"]  # the Watch ended cleanly
     with grpc.insecure_channel(e.address) as ch2:  # new work is refused while draining
         try:
-            list(Engine(e.proc, ch2).inference.Generate(request("late", max_tokens=1), timeout=5))
+            late_engine = Engine(e.proc, ch2, ch2)
+            list(late_engine.inference.Generate(request("late", max_tokens=1), timeout=5))
             late = None
         except grpc.RpcError as exc:
             late = exc.code()
@@ -186,3 +193,49 @@ async def test_a_failing_engine_loop_fails_requests_in_band_and_stops_the_server
     await asyncio.wait_for(run, 10)
     assert isinstance(server.failed, RuntimeError)
     assert server.health.status("liveness") == NOT_SERVING
+
+
+def test_default_flags_expose_no_fault_injection(spawn):
+    """A hand-launched engine (no --admin-listen) has no admin service on its inference port,
+    and its ready line names no admin address."""
+    proc = spawn("engine-plain", ["python", "-m", "mocker", "serve", "--listen", "127.0.0.1:0",
+                                  "--speedup-ratio", "0"])
+    assert "admin" not in proc.ready
+    with grpc.insecure_channel(proc.address) as channel:
+        from lab.wire.gen.loadlab.mocker.v1 import admin_pb2_grpc
+
+        admin = admin_pb2_grpc.AdminStub(channel)
+        for call, req in (
+            (admin.Exit, admin_pb2.ExitRequest(code=0)),
+            (admin.Freeze, admin_pb2.FreezeRequest(frozen=True)),
+            (admin.StallTokens, admin_pb2.StallTokensRequest(seconds=1)),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                call(req, timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # Still serving: nothing reached the engine.
+        health = health_pb2_grpc.HealthStub(channel)
+        assert health.Check(health_pb2.HealthCheckRequest(service="liveness"),
+                            timeout=10).status == SERVING
+    assert proc.popen.poll() is None
+
+
+BAD_ADMIN_CALLS = [
+    ("StallTokens", admin_pb2.StallTokensRequest(seconds=1e308), "seconds"),
+    ("StallTokens", admin_pb2.StallTokensRequest(seconds=float("nan")), "seconds"),
+    ("StallTokens", admin_pb2.StallTokensRequest(seconds=-1), "seconds"),
+    ("Exit", admin_pb2.ExitRequest(code=256), "code"),
+    ("Exit", admin_pb2.ExitRequest(code=-1), "code"),
+    ("SetHealth", admin_pb2.SetHealthRequest(service="x" * 10_000, status=1), "service"),
+]
+
+
+def test_admin_arguments_are_bounded(spawn):
+    e = _engine(spawn, "engine-bounds", "--speedup-ratio", "0")
+    for method, req, names in BAD_ADMIN_CALLS:
+        with pytest.raises(grpc.RpcError) as info:
+            getattr(e.admin, method)(req, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+        assert names in info.value.details() and len(info.value.details()) < 300
+    assert e.proc.popen.poll() is None
+    assert e.admin.StallTokens(admin_pb2.StallTokensRequest(seconds=0), timeout=10).message

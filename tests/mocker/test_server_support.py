@@ -22,7 +22,8 @@ from lab.wire.gen.openengine.v1 import (
     lifecycle_pb2,
     openengine_pb2_grpc,
 )
-from tests.procs import Proc, mocker_argv, start
+from tests import procs
+from tests.procs import Proc, start
 
 MODEL = "mocker-model"
 SEED = 42
@@ -32,11 +33,12 @@ SEED = 42
 class Engine:
     proc: Proc
     channel: grpc.Channel
+    admin_channel: grpc.Channel
 
     def __post_init__(self) -> None:
         self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
         self.control = openengine_pb2_grpc.ControlStub(self.channel)
-        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminStub(self.admin_channel)
 
     @property
     def address(self) -> str:
@@ -60,17 +62,22 @@ class Engine:
         return self.control.GetLoad(server_pb2.GetLoadRequest(), timeout=10)
 
 
+def mocker_argv(*extra: str) -> list[str]:
+    """`mocker serve` with its admin service on a port of its own (the tests inject faults)."""
+    return procs.mocker_argv(*extra, admin=True)
+
+
 @contextlib.contextmanager
 def engine_process(log_dir: Path, name: str, *extra: str) -> Iterator[Engine]:
     """A `mocker serve` process for a whole test module (module-scoped fixtures)."""
     proc = start(name, mocker_argv(*extra), log_dir)
-    channel = None
+    channels: list[grpc.Channel] = []
     try:
         proc.wait_ready(60)
-        channel = grpc.insecure_channel(proc.address)
-        yield Engine(proc, channel)
+        channels = [grpc.insecure_channel(proc.address), grpc.insecure_channel(proc.ready["admin"])]
+        yield Engine(proc, *channels)
     finally:
-        if channel is not None:
+        for channel in channels:
             channel.close()
         proc.stop()
 

@@ -114,6 +114,7 @@ class FakeWorker:
     delay_s: float = 0.0
     cached_tokens: int = 0
     refuse_connect: bool = False
+    context_length: int = 32768
     behavior: Behavior = default_behavior
     load: dict[str, Any] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -129,7 +130,7 @@ class FakeWorker:
             role=self.role,
             address=self.address,
             model=self.model,
-            context_length=32768,
+            context_length=self.context_length,
             load=dict(self.load),
         )
 

@@ -562,3 +562,18 @@ async def test_sigterm_style_stop_finishes_in_flight_requests() -> None:
     assert status == 200
     assert sse_events(raw)[-1] == "[DONE]"
     assert all(c.closed for c in fleet.clients)
+
+
+async def test_a_failed_only_prefill_worker_falls_back_to_aggregated_decode() -> None:
+    """The only prefill worker refuses (its engine stalled; discovery has not caught up yet):
+    the request is served aggregated by the decode worker instead of failing with 503."""
+    fleet = FakeFleet(
+        FakeWorker("p0", role="prefill", behavior=error_behavior("unavailable", 503)),
+        FakeWorker("d0", role="decode"),
+    )
+    async with frontend(fleet, migration_limit=0) as url:
+        status, raw = await post(url, "/v1/completions", completion())
+    assert status == 200, raw
+    (sent,) = fleet.workers["d0"].requests
+    assert sent["handoff"] is None  # aggregated: no prefill handoff
+    assert len(fleet.workers["p0"].requests) == 1

@@ -27,8 +27,9 @@ SIDECAR_FLAGS = ("--heartbeat", "0.2", "--connect-attempt-timeout", "5")
 
 
 def engine_argv(role: str = "aggregated", speedup: float = 0, instance: str | None = None):
-    """An engine at speedup 0 (no sleeping) unless a test needs paced tokens."""
-    return mocker_argv(role=role, speedup=speedup, instance_id=instance)
+    """An engine at speedup 0 (no sleeping) unless a test needs paced tokens; with its admin
+    service on a port of its own (the tests inject faults)."""
+    return mocker_argv(role=role, speedup=speedup, instance_id=instance, admin=True)
 
 
 def sidecar_argv(engine: str, disc: Path, worker_id: str, *extra: str) -> list[str]:
@@ -256,7 +257,7 @@ async def test_engine_loss_withdraws_while_running_then_exits_1(
         async with asyncio.timeout(10):
             await anext(stream)
         if fault == "not_serving":
-            async with grpc.aio.insecure_channel(engine.address) as channel:
+            async with grpc.aio.insecure_channel(engine.ready["admin"]) as channel:
                 await admin_pb2_grpc.AdminStub(channel).SetHealth(
                     admin_pb2.SetHealthRequest(service="liveness", status=2)
                 )

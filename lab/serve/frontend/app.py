@@ -16,10 +16,13 @@ import logging
 import socket
 import time
 import uuid
+import zlib
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS, FrontendConfig
 from lab.serve.frontend.dispatch import Dispatcher, Trace
@@ -33,6 +36,7 @@ from lab.serve.frontend.encode import (
     usage_obj,
 )
 from lab.serve.frontend.errors import ApiError
+from lab.serve.frontend.httplog import RateLimitedLog
 from lab.serve.frontend.metrics import FrontendMetrics
 from lab.serve.frontend.protocol import GenRequest, parse_chat, parse_completion
 from lab.serve.frontend.workers import WorkerSet
@@ -50,6 +54,11 @@ DIRECT_WRITE_LIMIT = 0x10000
 def chunked(data: bytes) -> bytes:
     """One HTTP/1.1 chunk (the response uses chunked transfer encoding)."""
     return b"%x\r\n%s\r\n" % (len(data), data)
+# Reading a request body that is corrupt (bad gzip, a broken chunked encoding, ...).
+_BAD_BODY = (RequestPayloadError, HttpProcessingError, web.HTTPBadRequest, ValueError)
+# Responses after which the connection cannot be reused (the body was not read).
+_CLOSE_AFTER = frozenset({408, 413})
+_internal_log = RateLimitedLog(log, per_s=1.0, burst=5)
 
 
 def _outcome(status: int) -> str:
@@ -61,6 +70,8 @@ def _outcome(status: int) -> str:
         return "cancelled"
     if status == 503:
         return "unavailable"
+    if status == 500:
+        return "engine_error"
     if status < 500:
         return "invalid"
     return "engine_error"
@@ -70,8 +81,37 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
+def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip / deflate request body, decompressed to at most `limit` bytes (a bomb is a 413,
+    a corrupt body a 400, another encoding a 415)."""
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ApiError(415, f"unsupported Content-Encoding {encoding[:32]!r} (gzip and deflate "
+                       "are accepted)", code="unsupported_encoding")
+    # wbits 47: zlib or gzip header, detected; deflate without a header is tried next.
+    for wbits in (47, -15):
+        decomp = zlib.decompressobj(wbits)
+        try:
+            out = decomp.decompress(raw, limit + 1)
+        except zlib.error as exc:
+            if wbits == 47 and encoding == "deflate":
+                continue
+            raise ApiError(400, f"unreadable request body (Content-Encoding: {encoding}): {exc}",
+                           code="invalid_body") from None
+        if len(out) > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes once "
+                           f"decompressed (Content-Encoding: {encoding})", code="body_too_large")
+        if not decomp.eof:
+            raise ApiError(400, f"unreadable request body (Content-Encoding: {encoding}): "
+                           "truncated", code="invalid_body")
+        return out
+    raise AssertionError("unreachable")
+
+
 def _error(exc: ApiError) -> web.Response:
-    return web.Response(body=exc.json_bytes(), status=exc.status, content_type="application/json")
+    resp = web.Response(body=exc.json_bytes(), status=exc.status, content_type="application/json")
+    if exc.status in _CLOSE_AFTER:
+        resp.force_close()
+    return resp
 
 
 class FrontendApp:
@@ -92,8 +132,10 @@ class FrontendApp:
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions, expect_handler=self.expect)
+        app.router.add_post(
+            "/v1/chat/completions", self.chat_completions, expect_handler=self.expect
+        )
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/live", self.live)
@@ -159,6 +201,30 @@ class FrontendApp:
             }
         )
 
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue`: an oversized Content-Length gets its 413 instead of the
+        100 Continue (the client never sends the body); anything else continues."""
+        expect = request.headers.get("Expect", "")
+        if request.version != (1, 1):
+            return None
+        if expect.lower() != "100-continue":
+            return _error(
+                ApiError(417, f"unsupported Expect: {expect[:64]!r}", code="expectation_failed")
+            )
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            return _error(
+                ApiError(
+                    413,
+                    f"request body of {length} bytes exceeds the limit of {limit} bytes",
+                    code="body_too_large",
+                )
+            )
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started (as aiohttp does)
+        return None
+
     # --- generation ----------------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -176,22 +242,42 @@ class FrontendApp:
                 f"request body of {length} bytes exceeds the limit of {limit} bytes",
                 code="body_too_large",
             )
+        timeout = self.config.body_timeout_s
         try:
-            raw = await request.read()
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(
                 413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
             ) from None
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {timeout:g} s "
+                f"(Content-Length {length if length is not None else 'not sent'})",
+                code="body_timeout",
+            ) from None
+        except _BAD_BODY as exc:
+            encoding = request.headers.get("Content-Encoding")
+            what = f" (Content-Encoding: {encoding[:32]})" if encoding else ""
+            detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+            raise ApiError(
+                400, f"unreadable request body{what}: {str(detail)[:200]}", code="invalid_body"
+            ) from None
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding and encoding != "identity":
+            raw = _decompress(raw, encoding, limit)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
 
     def _parse(self, body: Any, endpoint: str) -> GenRequest:
+        context = self.workers.context_length()
         if endpoint == "chat":
-            req = parse_chat(body, self.tokenizer)
+            req = parse_chat(body, self.tokenizer, context)
         else:
-            req = parse_completion(body, self.tokenizer, DEFAULT_COMPLETIONS_MAX_TOKENS)
+            req = parse_completion(body, self.tokenizer, DEFAULT_COMPLETIONS_MAX_TOKENS, context)
         if req.model != self.config.model_name and req.model not in self.workers.models():
             raise ApiError(
                 404,
@@ -218,6 +304,19 @@ class FrontendApp:
         except asyncio.CancelledError:
             trace.status = 499
             raise
+        except Exception as exc:  # a bug: the client gets a 500 in the OpenAI shape, counted
+            trace.status = 500
+            trace.outcome = "internal_error"
+            _internal_log.error(
+                "internal error on %s (request %s): %s: %s",
+                endpoint,
+                trace.request_id,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            return _error(ApiError(500, f"internal error ({type(exc).__name__})",
+                                   code="internal_error"))
         finally:
             if not trace.end_ns:
                 trace.end_ns = time.perf_counter_ns()
@@ -326,6 +425,23 @@ class FrontendApp:
         except _CLIENT_GONE:
             trace.outcome = "cancelled"
             trace.status = 499
+        except Exception as exc:
+            if not resp.prepared:
+                raise  # _generate answers 500
+            trace.end_ns = perf()
+            trace.outcome = "internal_error"
+            _internal_log.error(
+                "internal error in a stream (request %s): %s: %s",
+                trace.request_id,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            err = ApiError(500, f"internal error ({type(exc).__name__})", code="internal_error")
+            try:
+                await resp.write_eof(err.sse_bytes() + DONE)
+            except _CLIENT_GONE:
+                pass
         return resp
 
     async def _unary(

@@ -10,12 +10,21 @@ import sys
 import click
 
 from lab.serve.frontend.config import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_SHUTDOWN_GRACE_S,
     FrontendConfig,
 )
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import DEFAULT_MODEL, ROLES, DiscoveryTiming, SocketSettings
+from lab.serve.settings import (
+    DEFAULT_MIGRATION_LIMIT,
+    DEFAULT_MODEL,
+    ROLES,
+    DiscoveryTiming,
+    SocketSettings,
+)
 from lab.serve.switches import ON_OFF, is_on, on_off
 from lab.wire.address import split_address
 from lab.wire.ready import format_ready
@@ -107,10 +116,11 @@ def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
 @click.option(
     "--migration-limit",
     type=click.IntRange(min=0),
-    default=0,
+    default=DEFAULT_MIGRATION_LIMIT,
     show_default=True,
-    help="How many times a request that failed with a retryable error is retried on "
-    "another worker.",
+    help="How many times a request whose worker failed mid-stream (a retryable error, a "
+    "broken stream, a stalled engine) moves to another worker, continuing from the tokens "
+    "already sent; 0 = the failure reaches the client.",
 )
 @click.option(
     "--expect",
@@ -145,6 +155,29 @@ def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     help="Largest request body accepted; larger ones get 413.",
 )
 @click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_IDLE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a connection may stay open with no request in progress (idle keep-alive, "
+    "or request headers still arriving) before it is closed.",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0.1),
+    default=DEFAULT_BODY_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a request body may take to arrive after its headers; then 408 and the "
+    "connection closes.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_CONNECTIONS,
+    show_default=True,
+    help="Open HTTP connections at most; one more gets 503 and is closed.",
+)
+@click.option(
     "--shutdown-grace",
     type=click.FloatRange(min=0),
     default=DEFAULT_SHUTDOWN_GRACE_S,
@@ -173,6 +206,9 @@ def frontend(
     tokenizer_path: str | None,
     model_name: str,
     max_body_bytes: int,
+    idle_timeout: float,
+    body_timeout: float,
+    max_connections: int,
     shutdown_grace: float,
     log_level: str,
 ) -> None:
@@ -210,6 +246,9 @@ def frontend(
         model_name=model_name,
         max_body_bytes=max_body_bytes,
         shutdown_grace_s=shutdown_grace,
+        idle_timeout_s=idle_timeout,
+        body_timeout_s=body_timeout,
+        max_connections=max_connections,
     )
     logging.basicConfig(
         stream=sys.stderr,

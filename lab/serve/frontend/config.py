@@ -5,13 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lab.serve.router import DEFAULT_ROUTER
-from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
 
 # Largest accepted request body; larger ones get 413.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # /v1/completions without max_tokens: the OpenAI default (chat leaves it to the sidecar, which
 # derives it from the context window).
 DEFAULT_COMPLETIONS_MAX_TOKENS = 16
+# A connection with no request in progress (idle keep-alive, or request headers still arriving:
+# slowloris) is closed after this long.
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+# A request body must arrive within this long of its headers (a Content-Length lie gets 408).
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# Open HTTP connections at most; one more is answered 503 and closed.
+DEFAULT_MAX_CONNECTIONS = 4096
 # SIGTERM: how long in-flight requests may take to finish before they are cut.
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 # A worker whose request-plane connection failed is skipped for this long (it may be restarting
@@ -27,11 +34,14 @@ class FrontendConfig:
     router: str = DEFAULT_ROUTER
     sockets: SocketSettings = field(default_factory=SocketSettings)
     enforce_disagg: bool = False
-    migration_limit: int = 0
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT
     # role -> minimum count for /health; empty = at least one worker of any role.
     expect: dict[str, int] = field(default_factory=dict)
     tokenizer: str | None = None
     model_name: str = DEFAULT_MODEL
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     frontend_id: str = "frontend"

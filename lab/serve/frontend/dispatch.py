@@ -65,6 +65,7 @@ class Trace:
     stop_reason: Any = None
     usage: dict[str, Any] | None = None
     migrations: int = 0
+    moved_from: list[str] | None = None  # workers a leg failed on before another took over
     status: int = 200  # HTTP status sent (200 also for a stream that ended with an error event)
     outcome: str = "success"
 
@@ -89,10 +90,13 @@ class Trace:
         }
 
     def worker_ids(self) -> dict[str, Any]:
-        return {
+        ids: dict[str, Any] = {
             "prefill_worker_id": self.prefill_worker_id,
             "decode_worker_id": self.decode_worker_id,
         }
+        if self.moved_from:
+            ids["moved_from"] = self.moved_from
+        return ids
 
 
 def _ms(ns: int) -> float:
@@ -173,6 +177,9 @@ class Dispatcher:
             except _Retry as retry:
                 last = retry
                 exclude.add(retry.worker_id)
+                if trace.moved_from is None:
+                    trace.moved_from = []
+                trace.moved_from.append(retry.worker_id)
                 if not retry.free:
                     if trace.migrations >= self.migration_limit:
                         raise retry.error from None
@@ -206,7 +213,9 @@ class Dispatcher:
         exclude: set[str],
     ) -> None:
         workers = self.workers
-        if workers.has_role("prefill") and workers.has_role("decode"):
+        # Disaggregated while a prefill worker is left to try (one that just failed this request
+        # is excluded: the retry then goes aggregated, as when none is registered).
+        if workers.has_role("decode") and workers.any_available(PREFILL_ROLES, model, exclude):
             end = await self._prefill(payload, model, trace, on_chunk, exclude)
             if end is None:
                 return

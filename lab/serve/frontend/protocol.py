@@ -19,6 +19,9 @@ from lab.serve.tokenizer import Tokenizer
 
 EXTRA_FIELDS = ("worker_id", "timing")
 MAX_TOP_LOGPROBS = 20
+#: Token ids are u32 on the wire (openengine.v1); larger ones are a 400 naming the field.
+MAX_TOKEN_ID = 2**32 - 1
+MAX_SEED = 2**64 - 1  # u64 on the wire
 
 
 @dataclass(slots=True)
@@ -75,9 +78,9 @@ def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None) ->
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_field(name, f"expected an integer, got {_kind(value)}")
     if lo is not None and value < lo:
-        raise bad_field(name, f"must be >= {lo}, got {value}")
+        raise bad_field(name, f"must be >= {lo}, got {_short(value)}")
     if hi is not None and value > hi:
-        raise bad_field(name, f"must be <= {hi}, got {value}")
+        raise bad_field(name, f"must be <= {hi}, got {_short(value)}")
     return value
 
 
@@ -124,7 +127,40 @@ def _token_list(value: list, name: str) -> list[int]:
         raise bad_field(name, "token ids must be integers")
     if value and min(value) < 0:
         raise bad_field(name, f"token ids must be >= 0, got {min(value)}")
+    if value and max(value) > MAX_TOKEN_ID:
+        raise bad_field(name, f"token ids must be <= {MAX_TOKEN_ID}, got {_short(max(value))}")
     return value
+
+
+def _short(n: int) -> str:
+    """A huge integer named without printing thousands of digits."""
+    return str(n) if n.bit_length() < 200 else f"an integer of {n.bit_length()} bits"
+
+
+def _check_ids(ids: list[int], name: str) -> list[int]:
+    """Token ids the tokenizer made from text (`<token:N>` can name any N)."""
+    if ids and max(ids) > MAX_TOKEN_ID:
+        raise bad_field(
+            name, f"holds a token id above {MAX_TOKEN_ID} ({_short(max(ids))}), e.g. <token:N>"
+        )
+    return ids
+
+
+def _check_length(ids: list[int], name: str, limit: int | None, text_len: int | None) -> None:
+    """Reject a prompt that does not fit the context before it is sent anywhere."""
+    if limit is None or len(ids) <= limit:
+        return
+    if text_len is not None and len(ids) == limit + 1:  # encoding stopped at the limit
+        size = f"more than {limit} tokens ({text_len} characters)"
+    else:
+        size = f"{len(ids)} tokens"
+    raise ApiError(
+        400,
+        f"{name}: the prompt has {size}; the context length is {limit + 1} tokens, so a "
+        f"prompt may have at most {limit}",
+        param=name,
+        code="context_length_exceeded",
+    )
 
 
 # --- endpoint parsers --------------------------------------------------------------------------
@@ -155,10 +191,10 @@ def _common(body: Any, endpoint: str, tokenizer: Tokenizer) -> GenRequest:
         if "include_usage" in options and not isinstance(options["include_usage"], bool | None):
             raise bad_field("stream_options.include_usage", "expected a boolean")
 
-    max_tokens = _int(body, "max_tokens", lo=1)
-    max_completion = _int(body, "max_completion_tokens", lo=1)
+    max_tokens = _int(body, "max_tokens", lo=1, hi=MAX_TOKEN_ID)
+    max_completion = _int(body, "max_completion_tokens", lo=1, hi=MAX_TOKEN_ID)
     req.max_tokens = max_completion if max_completion is not None else max_tokens
-    req.min_tokens = _int(body, "min_tokens", lo=0)
+    req.min_tokens = _int(body, "min_tokens", lo=0, hi=MAX_TOKEN_ID)
     if (
         req.min_tokens is not None
         and req.max_tokens is not None
@@ -169,9 +205,9 @@ def _common(body: Any, endpoint: str, tokenizer: Tokenizer) -> GenRequest:
         )
     req.temperature = _num(body, "temperature", 0.0, 2.0)
     req.top_p = _num(body, "top_p", 0.0, 1.0, lo_open=True)
-    top_k = _int(body, "top_k", lo=-1)
+    top_k = _int(body, "top_k", lo=-1, hi=MAX_TOKEN_ID)
     req.top_k = top_k if top_k is not None and top_k > 0 else None
-    req.seed = _int(body, "seed", lo=0)
+    req.seed = _int(body, "seed", lo=0, hi=MAX_SEED)
 
     nvext = body.get("nvext")
     nv_ignore_eos = False
@@ -195,6 +231,8 @@ def _common(body: Any, endpoint: str, tokenizer: Tokenizer) -> GenRequest:
             raise bad_field("stop", "expected a string or an array of strings")
         for s in items:
             tid = tokenizer.stop_token_id(s)
+            if tid is not None and tid > MAX_TOKEN_ID:
+                raise bad_field("stop", f"token id above {MAX_TOKEN_ID} ({_short(tid)})")
             if tid is None:
                 raise bad_field(
                     "stop",
@@ -211,14 +249,22 @@ def _common(body: Any, endpoint: str, tokenizer: Tokenizer) -> GenRequest:
     return req
 
 
-def parse_completion(body: Any, tokenizer: Tokenizer, default_max_tokens: int | None) -> GenRequest:
-    """A /v1/completions body."""
+def parse_completion(
+    body: Any,
+    tokenizer: Tokenizer,
+    default_max_tokens: int | None,
+    context_length: int | None = None,
+) -> GenRequest:
+    """A /v1/completions body. `context_length` (from discovery): a longer prompt is a 400."""
+    limit = None if context_length is None else max(0, context_length - 1)
     req = _common(body, "completions", tokenizer)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
+    text_len = None
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt)
+        ids = _check_ids(tokenizer.encode(prompt, limit), "prompt")
+        text_len = len(prompt)
     elif isinstance(prompt, list):
         ids = _token_list(prompt, "prompt")
     elif prompt is None:
@@ -229,6 +275,7 @@ def parse_completion(body: Any, tokenizer: Tokenizer, default_max_tokens: int | 
         )
     if not ids:
         raise bad_field("prompt", "must not be empty")
+    _check_length(ids, "prompt", limit, text_len)
     req.token_ids = ids
     if _bool(body, "echo"):
         raise bad_field("echo", "echo is not supported")
@@ -249,8 +296,10 @@ def parse_completion(body: Any, tokenizer: Tokenizer, default_max_tokens: int | 
     return req
 
 
-def parse_chat(body: Any, tokenizer: Tokenizer) -> GenRequest:
-    """A /v1/chat/completions body (messages joined by the template in the module docstring)."""
+def parse_chat(body: Any, tokenizer: Tokenizer, context_length: int | None = None) -> GenRequest:
+    """A /v1/chat/completions body (messages joined by the template in the module docstring).
+    `context_length` (from discovery): a longer prompt is a 400."""
+    limit = None if context_length is None else max(0, context_length - 1)
     req = _common(body, "chat", tokenizer)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -264,7 +313,9 @@ def parse_chat(body: Any, tokenizer: Tokenizer) -> GenRequest:
             raise bad_field(f"messages[{i}].role", "required, a string")
         lines.append(f"{role}: {_content_text(msg.get('content'), i)}\n")
     lines.append("assistant:")
-    req.token_ids = tokenizer.encode("".join(lines))
+    text = "".join(lines)
+    req.token_ids = _check_ids(tokenizer.encode(text, limit), "messages")
+    _check_length(req.token_ids, "messages", limit, len(text))
     req.logprobs = _bool(body, "logprobs")
     top = _int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None:

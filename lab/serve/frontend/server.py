@@ -21,6 +21,7 @@ from lab.serve.discovery import Registry, open_registry
 from lab.serve.frontend.app import FrontendApp
 from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.dispatch import Dispatcher
+from lab.serve.frontend.httplog import RateLimitedLog, install_bad_request_filter
 from lab.serve.frontend.workers import ClientFactory, WorkerSet
 from lab.serve.router import make_router
 from lab.serve.tokenizer import Tokenizer, load_tokenizer
@@ -45,6 +46,33 @@ def apply_http_nodelay(server: web.Server, on: bool) -> None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, value)
             except OSError:
                 pass
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
+
+
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: application/json"
+    b"\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+def apply_connection_cap(server: web.Server, cap: int) -> None:
+    """Past `cap` open connections, a new one gets a 503 and is closed at once."""
+    original = server.connection_made
+    refused_log = RateLimitedLog(log, per_s=0.2, burst=3)
+
+    def connection_made(handler: Any, transport: Any) -> None:
+        original(handler, transport)
+        if len(server._connections) > cap:  # no public count (server.connections copies)
+            body = (
+                b'{"error":{"message":"too many connections (the limit is %d)",'
+                b'"type":"service_unavailable","param":null,"code":"too_many_connections"}}'
+                % cap
+            )
+            transport.write(_REFUSED % (len(body), body))
+            handler.force_close()
+            transport.close()
+            refused_log.warning("connection cap of %d reached: refusing new connections", cap)
 
     server.connection_made = connection_made  # type: ignore[method-assign]
 
@@ -76,14 +104,19 @@ class FrontendServer:
         self, stop: asyncio.Event, on_ready: Callable[[str], None] | None = None
     ) -> None:
         cfg = self.config
+        install_bad_request_filter()
         runner = web.AppRunner(
             self.app.build(),
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=cfg.shutdown_grace_s,
+            keepalive_timeout=cfg.idle_timeout_s,
+            # Bodies are decompressed by FrontendApp (bounded, errors as 400), not by the parser.
+            auto_decompress=False,
         )
         await runner.setup()
         apply_http_nodelay(runner.server, cfg.sockets.http_nodelay)  # type: ignore[arg-type]
+        apply_connection_cap(runner.server, cfg.max_connections)  # type: ignore[arg-type]
         site = web.TCPSite(runner, cfg.listen_host, cfg.listen_port, backlog=1024)
         try:
             await site.start()

@@ -156,8 +156,21 @@ class WorkerSet:
     def all(self) -> list[Worker]:
         return list(self._workers.values())
 
+    def context_length(self) -> int | None:
+        """The largest context length any registered worker reports (None: no worker)."""
+        lengths = [w.record.context_length for w in self._workers.values()]
+        return max(lengths) if lengths else None
+
     def models(self) -> list[str]:
         return sorted({w.record.model for w in self._workers.values()})
+
+    def any_available(self, roles: tuple[str, ...], model: str | None, exclude: set[str]) -> bool:
+        """Whether `pick` would find a worker (without moving the router)."""
+        return any(
+            w.worker_id not in exclude and (model is None or w.record.model == model)
+            for role in roles
+            for w in self._by_role[role]
+        )
 
     def pick(
         self,

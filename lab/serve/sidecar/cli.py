@@ -139,6 +139,24 @@ _POSITIVE = click.FloatRange(min=0.001)
     help="Engine lost when no fresh GetLoad sample arrived for this long while busy.",
 )
 @click.option(
+    "--stall",
+    type=_POSITIVE,
+    default=SidecarTiming.stall_s,
+    show_default=True,
+    help="Seconds without token progress while requests are in flight (or, idle, without a "
+    "GetLoad answer) after which the engine counts as stalled: the worker withdraws, its "
+    "in-flight requests end retryable, and it registers again once the engine serves. Keep it "
+    "above the longest prefill (a 32k-token prompt takes ~0.7 s at speedup 1).",
+)
+@click.option(
+    "--probe-timeout",
+    type=_POSITIVE,
+    default=SidecarTiming.probe_timeout_s,
+    show_default=True,
+    help="Bound of one readiness probe (a one-token canary generation; on a prefill engine a "
+    "GetLoad whose timestamp advances). The worker registers only after a probe succeeds.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -160,6 +178,8 @@ def sidecar(
     ttl: float,
     stale_load: float,
     grpc_client: str,
+    stall: float,
+    probe_timeout: float,
     log_level: str,
 ) -> None:
     """Run one sidecar: speak openengine.v1 to ENGINE, serve the request plane, register in
@@ -202,6 +222,8 @@ def sidecar(
         ttl_s=ttl,
         stale_load_s=stale_load,
         grpc_client=grpc_client,
+        stall_s=stall,
+        probe_timeout_s=probe_timeout,
     )
     try:
         code = uvloop.run(Sidecar(config).run())

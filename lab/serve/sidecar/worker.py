@@ -32,6 +32,7 @@ from lab.serve.sidecar.convert import (
 )
 from lab.serve.sidecar.engine import EngineInfo, EngineLink, StartupError
 from lab.serve.sidecar.liveness import EngineLoss, LoadMonitor, watch_liveness
+from lab.serve.sidecar.progress import Progress, StallCheck, probe_engine
 from lab.wire.ready import format_ready
 
 log = logging.getLogger("lab.sidecar")
@@ -59,6 +60,8 @@ class SidecarConfig:
     ttl_s: float = DiscoveryTiming.ttl_s
     stale_load_s: float = SidecarTiming.stale_load_s
     grpc_client: str = DEFAULT_GRPC_CLIENT
+    stall_s: float = SidecarTiming.stall_s
+    probe_timeout_s: float = SidecarTiming.probe_timeout_s
 
 
 def load_dict(load) -> dict:
@@ -90,6 +93,9 @@ class Sidecar:
         self._idle: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self.loss: EngineLoss | None = None
+        self.progress = Progress()
+        self.stalled: str | None = None  # why the worker is out of rotation (engine stalled)
+        self._registry_lock = asyncio.Lock()
 
     # -- request path ---------------------------------------------------------------------------
 
@@ -98,6 +104,9 @@ class Sidecar:
         wid = self.worker_id
         if not self.admitting:
             sink.end(error_end("unavailable", f"worker {wid} is draining", 503, wid))
+            return
+        if self.stalled is not None:
+            sink.end(error_end("unavailable", f"engine stalled: {self.stalled}", 503, wid))
             return
         if sink.cancelled.is_set():
             sink.end(error_end("cancelled", "cancelled before it started", 499, wid))
@@ -117,8 +126,10 @@ class Sidecar:
         call = self.link.inference.Generate(greq)
         active.call = call
         sink.on_cancel = call.cancel
+        progress = self.progress
         try:
             async for msg in call:
+                progress.messages += 1
                 kind = msg.WhichOneof("event")
                 if kind == "token":
                     chunk = conv.token(msg.token)
@@ -158,7 +169,8 @@ class Sidecar:
         await self.link.abort(request_id)
 
     def _cut_active(self, message: str) -> None:
-        """End every in-flight request with an error END and cancel its Generate."""
+        """End every in-flight request with an error END (retryable: the frontend may migrate
+        it) and cancel its Generate."""
         for active in list(self._active):
             active.sink.end(error_end("unavailable", message, 503, self.worker_id))
             if active.call is not None:
@@ -178,7 +190,7 @@ class Sidecar:
     # -- background loops -----------------------------------------------------------------------
 
     async def _heartbeat(
-        self, registry: Registry, record: WorkerRecord, monitor: LoadMonitor
+        self, registry: Registry, record: WorkerRecord, monitor: LoadMonitor, stall: StallCheck
     ) -> None:
         """Poll GetLoad, publish it in the record (the heartbeat), feed the stale-load check."""
         assert self.link is not None
@@ -191,6 +203,7 @@ class Sidecar:
                 now = time.monotonic()
                 stamp = load.timestamp_unix_nanos if load.HasField("timestamp_unix_nanos") else None
                 monitor.sample(load.instance_id, stamp, now)
+                stall.load_sample(stamp, now)
                 record.load = {**load_dict(load), "in_flight": len(self._active)}
             except grpc.aio.AioRpcError as exc:
                 now = time.monotonic()
@@ -198,10 +211,73 @@ class Sidecar:
                     last_warn = now
                     log.warning("GetLoad failed: %s: %s", exc.code().name, exc.details())
             monitor.check(len(self._active), now)
-            try:
-                await registry.refresh(record)
-            except OSError as exc:
-                log.warning("discovery refresh failed: %s", exc)
+            async with self._registry_lock:
+                if self.stalled is not None:
+                    continue  # withdrawn: the record comes back when the engine does
+                try:
+                    await registry.refresh(record)
+                except OSError as exc:
+                    log.warning("discovery refresh failed: %s", exc)
+
+    async def _stall_watch(
+        self, registry: Registry, record: WorkerRecord, stall: StallCheck
+    ) -> None:
+        """Withdraw when the engine stops making progress; register again once it serves."""
+        tick = min(0.25, self.config.stall_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            reason = stall.check(self.progress.messages, len(self._active), time.monotonic())
+            if reason is None:
+                continue
+            since = time.monotonic()
+            async with self._registry_lock:
+                self.stalled = reason
+                try:
+                    await registry.withdraw(self.worker_id)
+                except OSError as exc:
+                    log.error("discovery withdraw failed (the record will expire): %s", exc)
+            log.error(
+                "engine stalled: %s; withdrawn from discovery, %d in-flight requests end "
+                "retryable; probing the engine",
+                reason,
+                len(self._active),
+            )
+            self._cut_active(f"engine stalled: {reason}")
+            await self._wait_serving(float("inf"))
+            while True:
+                async with self._registry_lock:
+                    try:
+                        await registry.register(record)
+                    except OSError as exc:
+                        log.error("discovery register failed (retrying in 1 s): %s", exc)
+                    else:
+                        self.stalled = None
+                        break
+                await asyncio.sleep(1.0)
+            stall.reset(time.monotonic())
+            log.info(
+                "engine serves again after %.1f s out of rotation: registered again",
+                time.monotonic() - since,
+            )
+
+    async def _wait_serving(self, deadline: float) -> str | None:
+        """Probe the engine until it shows it can serve (None) or `deadline` (time.monotonic())
+        passes (the last reason)."""
+        assert self.link is not None and self.facts is not None
+        attempt = 0
+        last_log = float("-inf")
+        while True:
+            attempt += 1
+            bound = min(self.config.probe_timeout_s, max(0.1, deadline - time.monotonic()))
+            reason = await probe_engine(self.link, self.facts, bound, attempt)
+            if reason is None:
+                return None
+            now = time.monotonic()
+            if now >= deadline:
+                return reason
+            if now - last_log >= 30.0:
+                last_log = now
+                log.warning("engine %s cannot serve yet: %s", self.config.engine, reason)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -240,8 +316,16 @@ class Sidecar:
             except asyncio.CancelledError:
                 log.info("stopped before the engine was ready")
                 return 0
-            starting = False
             self.facts = info.facts
+            try:
+                reason = await self._wait_serving(deadline)
+            except asyncio.CancelledError:
+                log.info("stopped before the engine was ready")
+                return 0
+            if reason is not None:
+                log.error("start-up failed: the engine cannot serve: %s", reason)
+                return 1
+            starting = False
             self.loss = EngineLoss(info.facts.instance_id)
             server = RequestPlaneServer(self.handle, cfg.sockets)
             address = await server.start(cfg.listen_host, cfg.listen_port)
@@ -290,8 +374,10 @@ class Sidecar:
         loss = self.loss
         assert loss is not None and self._stop is not None and self.link is not None
         monitor = LoadMonitor(loss, record.instance_id, cfg.stale_load_s, time.monotonic())
+        stall = StallCheck(cfg.stall_s, time.monotonic())
         async with asyncio.TaskGroup() as tg:
-            heartbeat = tg.create_task(self._heartbeat(registry, record, monitor))
+            heartbeat = tg.create_task(self._heartbeat(registry, record, monitor, stall))
+            stall_watch = tg.create_task(self._stall_watch(registry, record, stall))
             watch = tg.create_task(
                 watch_liveness(self.link.channel, loss, cfg.connect_attempt_timeout_s)
             )
@@ -299,8 +385,10 @@ class Sidecar:
             loss_wait = tg.create_task(loss.wait())
             await asyncio.wait({stop_wait, loss_wait}, return_when=asyncio.FIRST_COMPLETED)
             lost = loss.resolved and not self._stop.is_set()
-            # Withdraw first (stop the heartbeat so it cannot re-publish the record).
+            # Withdraw first (stop the heartbeat and the stall watch so neither can re-publish
+            # the record).
             heartbeat.cancel()
+            stall_watch.cancel()
             try:
                 await registry.withdraw(self.worker_id)
             except OSError as exc:
