@@ -39,8 +39,11 @@ def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: 
     assert (req["output_tokens"] == OSL).all()
     assert (req["chunks"] == OSL).all(), req["chunks"].value_counts()
     assert (req["tokens_per_chunk"] == 1.0).all()
-    assert (req["itl_ms"] > 0).all()
-    assert (req["ttft_ms"] < req["latency_ms"]).all()
+    # Per request, ITL can be 0: on a loaded machine (or at speedup 0) a client read may carry
+    # all of a request's events at once, and events of one read share its stamp. The events
+    # themselves are counted above; the level's ITL must still be positive.
+    assert (req["itl_ms"] >= 0).all()
+    assert (req["ttft_ms"] <= req["latency_ms"]).all()
     assert levels["tokens_per_chunk"].tolist() == [1.0]
     assert (levels["itl_ms_avg"] > 0).all()
     # the per-token CPU figure is in levels.csv and the printed table
