@@ -67,7 +67,8 @@ def test_doc_links_resolve(page: str) -> None:
 
 def test_no_citation_points_outside_the_repository() -> None:
     """The specs the lab was built from are not part of it; nothing may cite them."""
-    outside = re.compile(r"shared/docs|contracts\.md|\bissue \d")
+    # (spelt in pieces, so that this file does not match the repository-wide grep itself)
+    outside = re.compile("shared/" + r"docs|contracts\.md|\bissue \d")
     hits = [
         f"{path.relative_to(ROOT)}:{n}"
         for path in _sources()
