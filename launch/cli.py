@@ -259,7 +259,8 @@ def down(run: str, timeout: float | None) -> None:
     """Stop a run started with `lab up` (SIGTERM its supervisor; it tears the fleet down)."""
     run_dir, state = _run_arg(run)
     pid = state.get("supervisor_pid")
-    if supervisor_alive(state):
+    if supervisor_alive(state):  # alive: its state names an int pid
+        assert isinstance(pid, int)
         os.kill(pid, signal.SIGTERM)
         limit = timeout if timeout is not None else 2 * float(state.get("grace_s", 10)) + 15
         deadline = time.monotonic() + limit

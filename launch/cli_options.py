@@ -21,6 +21,7 @@ import click
 
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
 from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
+from lab.serve.switches import ON_OFF, is_on, on_off
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.topology import (
@@ -38,13 +39,6 @@ from launch.topology import (
 )
 
 _SOCKETS = SocketSettings()
-ON_OFF = click.Choice(["on", "off"])
-
-
-def _onoff(value: bool) -> str:
-    return "on" if value else "off"
-
-
 # (param decls, click kwargs). Order = order in --help.
 _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--topology",), dict(
@@ -87,11 +81,11 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--client-nodelay",), dict(
         type=ON_OFF,
         help="TCP_NODELAY on the frontend's request-plane sockets.  "
-        f"[default: {_onoff(_SOCKETS.client_nodelay)}]")),
+        f"[default: {on_off(_SOCKETS.client_nodelay)}]")),
     (("--server-nodelay",), dict(
         type=ON_OFF,
         help="TCP_NODELAY on the sidecars' accepted request-plane sockets.  "
-        f"[default: {_onoff(_SOCKETS.server_nodelay)}]")),
+        f"[default: {on_off(_SOCKETS.server_nodelay)}]")),
     (("--split-writes/--coalesced-writes",), dict(
         default=None,
         help="Write request frames as header + body (split) or in one write (coalesced).  "
@@ -102,7 +96,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--http-nodelay",), dict(
         type=ON_OFF,
         help="TCP_NODELAY on the frontend's accepted HTTP connections.  "
-        f"[default: {_onoff(_SOCKETS.http_nodelay)}]")),
+        f"[default: {on_off(_SOCKETS.http_nodelay)}]")),
     (("--port",), dict(
         type=click.IntRange(0, 65535),
         help="Frontend HTTP port (0 = the OS picks a free one).  [default: 0]")),
@@ -144,7 +138,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 TOPOLOGY_OPTION_NAMES = frozenset(
-    click.Option(list(decls)).name for decls, _ in _OPTIONS  # type: ignore[misc]
+    click.Option(list(decls)).name for decls, _ in _OPTIONS
 )
 
 
@@ -227,7 +221,7 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
     sockets: dict[str, Any] = {}
     for key in ("client_nodelay", "server_nodelay", "http_nodelay"):
         if opts[key] is not None:
-            sockets[key] = opts[key] == "on"
+            sockets[key] = is_on(opts[key])
     if opts["split_writes"] is not None:
         sockets["split_writes"] = opts["split_writes"]
     if opts["pool_size"] is not None:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab.serve.switches import on_off
 from launch.topology import FleetSpec, TopologySpec
 
 LISTEN_HOST = "127.0.0.1"
@@ -46,10 +47,6 @@ class Programs:
             lab=shlex.split(lab) if lab else _console_script(
                 "lab", ["-c", "import sys; from lab.cli import main; sys.exit(main())"]),
         )
-
-
-def _onoff(value: bool) -> str:
-    return "on" if value else "off"
 
 
 def new_instance_id(engine_name: str) -> str:
@@ -89,7 +86,7 @@ def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engin
         "--listen", f"{host}:0",
         "--discovery", discovery,
         "--worker-id", worker_id,
-        "--server-nodelay", _onoff(spec.sockets.server_nodelay),
+        "--server-nodelay", on_off(spec.sockets.server_nodelay),
         *fleet.extra_sidecar_args,
     ]
 
@@ -102,9 +99,9 @@ def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str,
         "--listen", f"{host}:{spec.frontend_port}",
         "--discovery", discovery,
         "--router", spec.router,
-        "--client-nodelay", _onoff(s.client_nodelay),
+        "--client-nodelay", on_off(s.client_nodelay),
         "--pool-size", str(s.pool_size),
-        "--http-nodelay", _onoff(s.http_nodelay),
+        "--http-nodelay", on_off(s.http_nodelay),
         "--migration-limit", str(spec.migration_limit),
         "--model-name", spec.model,
     ]

@@ -38,7 +38,7 @@ class EventLog:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """All events of a run (tolerates a torn last line)."""
-    events = []
+    events: list[dict[str, Any]] = []
     if not path.exists():
         return events
     for line in path.read_text().splitlines():

@@ -12,10 +12,11 @@ import ctypes.util
 import os
 import signal
 from collections.abc import Callable
+from typing import Literal
 
 PR_SET_PDEATHSIG = 1
 
-_libc = None
+_libc: ctypes.CDLL | Literal[False] | None = None  # False: no libc to load
 
 
 def _prctl() -> Callable[..., int] | None:

@@ -205,7 +205,7 @@ class Stack:
         from launch.etcd import LocalEtcd
         from launch.process import ENV_RUN_DIR, ENV_SUPERVISOR_PID, ENV_SUPERVISOR_START
 
-        hosts = ("127.0.0.1",)
+        hosts: tuple[str, ...] = ("127.0.0.1",)
         if self.placement.gateway is not None:
             hosts = (self.placement.gateway, "127.0.0.1")
         self._etcd = LocalEtcd(self.run_dir, hosts=hosts, env={

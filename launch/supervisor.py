@@ -165,10 +165,11 @@ class Supervisor:
                     self._spawn(self.frontend)
                     startup.create_task(self._wait_ready(self.frontend))
         except* _ExitedEarly as group:
-            first = min(group.exceptions, key=lambda e: self._rank(e.proc))  # type: ignore[attr-defined]
-            proc = first.proc  # type: ignore[attr-defined]
+            exited = [e for e in group.exceptions if isinstance(e, _ExitedEarly)]
+            first = min(exited, key=lambda e: self._rank(e.proc))
+            proc = first.proc
             raise LaunchError(
-                proc.name, f"exited with code {first.code} before it was ready",  # type: ignore[attr-defined]
+                proc.name, f"exited with code {first.code} before it was ready",
                 proc.log_tail(), proc.log_path,
             ) from None
         except* LaunchError as group:

@@ -454,8 +454,8 @@ def _validate_hosts(spec: TopologySpec, loc: _Locator) -> None:
             LinkShape.from_config(name, table)
         except TopologyError as exc:
             m = re.match(rf"hosts\.{re.escape(name)}\.(\w+)", str(exc))
-            key = (("hosts", name, m.group(1)),) if m else ()
-            raise TopologyError(f"{loc.where(*key, ('hosts', name))}{exc}") from None
+            found = (("hosts", name, m.group(1)),) if m else ()
+            raise TopologyError(f"{loc.where(*found, ('hosts', name))}{exc}") from None
     _check_host_ref(spec, spec.frontend_host, ("frontend_host",), loc)
 
 

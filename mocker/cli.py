@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from lab.wire.address import split_address
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL
 from mocker.engine import EngineArgs, load_engine_args
 from mocker.server import config as sc
@@ -32,11 +33,12 @@ def _run(coro) -> int:
 
 
 def _check_listen(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    try:
+        split_address(value, allow_port_zero=True)
+    except ValueError:
         raise click.BadParameter(
             f"expected HOST:PORT (PORT 0-65535; 0 = any free port), got {value!r}"
-        )
+        ) from None
     return value
 
 

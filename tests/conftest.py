@@ -8,6 +8,18 @@ import pytest
 from tests.procs import Proc, start
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say up front what the kernel-dependent tests rely on, and what this kernel has."""
+    try:
+        thresh = Path("/proc/sys/net/ipv4/tcp_pingpong_thresh").read_text().strip()
+    except OSError:
+        thresh = "unknown"
+    return (
+        "tests marked kernel_delayed_ack assert Linux's >= 40 ms delayed-ACK timer on loopback "
+        f"(here: net.ipv4.tcp_pingpong_thresh={thresh}); deselect with -m 'not kernel_delayed_ack'"
+    )
+
+
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
     """Start real processes; every one is stopped (group SIGTERM, then SIGKILL) at teardown.

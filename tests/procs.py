@@ -96,3 +96,78 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     )
     log_file.close()
     return Proc(name=name, popen=popen, log_path=log_path)
+
+
+# --- command lines of the fleet's processes, for tests that start them one by one --------------
+# (The launcher builds its own from a TopologySpec: launch.commands. These are the plain forms
+# the process tests need; "python" is replaced by this interpreter in `start`.)
+
+LAB_ARGV = ["python", "-c", "from lab.cli import main; main()"]
+MOCKER_ARGV = ["python", "-m", "mocker"]
+
+
+def mocker_argv(
+    *extra: str,
+    role: str | None = None,
+    instance_id: str | None = None,
+    speedup: float | None = None,
+    admin: bool = False,
+) -> list[str]:
+    """`mocker serve` on a free loopback port; unset options keep the server's defaults.
+    `admin`: the fault-injection service on a free port of its own (the ready line's `admin`)."""
+    argv = [*MOCKER_ARGV, "serve", "--listen", "127.0.0.1:0"]
+    if admin:
+        argv += ["--admin-listen", "127.0.0.1:0"]
+    if role is not None:
+        argv += ["--role", role]
+    if speedup is not None:
+        argv += ["--speedup-ratio", str(speedup)]
+    if instance_id is not None:
+        argv += ["--instance-id", instance_id]
+    return argv + list(extra)
+
+
+def sidecar_argv(
+    engine: str, discovery_dir: str | Path, worker_id: str, *extra: str, grace_s: float = 0.2
+) -> list[str]:
+    """A sidecar with a short SIGTERM grace period (tests stop many processes)."""
+    return [
+        *LAB_ARGV,
+        "sidecar",
+        "--engine",
+        engine,
+        "--listen",
+        "127.0.0.1:0",
+        "--discovery",
+        f"file:{discovery_dir}",
+        "--worker-id",
+        worker_id,
+        "--grace-period",
+        str(grace_s),
+        *extra,
+    ]
+
+
+def frontend_argv(discovery_dir: str | Path, *extra: str) -> list[str]:
+    return [
+        *LAB_ARGV,
+        "frontend",
+        "--listen",
+        "127.0.0.1:0",
+        "--discovery",
+        f"file:{discovery_dir}",
+        *extra,
+    ]
+
+
+def engine_load(address: str, timeout: float = 5.0) -> dict[str, int]:
+    """The engine's GetLoad (running / queued requests), over a short-lived gRPC channel."""
+    import grpc
+
+    from lab.wire.gen.openengine.v1 import openengine_pb2_grpc, server_pb2
+
+    with grpc.insecure_channel(address) as channel:
+        info = openengine_pb2_grpc.ControlStub(channel).GetLoad(
+            server_pb2.GetLoadRequest(), timeout=timeout
+        )
+    return {"running": info.running_requests, "queued": info.queued_requests}

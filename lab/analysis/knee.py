@@ -1,4 +1,4 @@
-"""The knee rule of measurement.md.
+"""The knee rule (docs/metrics.md "The knee").
 
 For levels sorted by concurrency, with request throughput T and average latency L, the marginal
 efficiency of step i is

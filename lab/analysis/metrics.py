@@ -1,4 +1,4 @@
-"""The metric definitions of measurement.md, in one place.
+"""The metric definitions (docs/metrics.md "Definitions"), in one place.
 
 | metric | definition |
 |---|---|
@@ -14,9 +14,10 @@
 | error rate | failed / (succeeded + failed) |
 | goodput | requests meeting every given SLO / measured duration |
 
-Per-request values (ttft_ms, latency_ms, ...) are computed by the client from the stamps
-(lab.load.sse) with the same formulas; `recompute_request_metrics` re-derives them from the
-raw ns columns so a run can be re-analysed from requests.parquet alone.
+Per-request values (ttft_ms, latency_ms, ...) have one definition, `lab.analysis.request_times`:
+the client applies it to its stamps when it writes a record (lab.load.sse), and
+`recompute_request_metrics` applies it to the ns columns, so a run can be re-analysed from
+requests.parquet alone.
 
 Percentiles are exact: numpy's linear interpolation over all values.
 """
@@ -29,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from lab.analysis.request_times import request_times_ms
 
 STATS = ("avg", "std", "min", "p50", "p90", "p95", "p99", "max")
 PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
@@ -65,20 +68,20 @@ def describe(values: Any) -> dict[str, float | None]:
 
 
 def recompute_request_metrics(df: pd.DataFrame) -> pd.DataFrame:
-    """Re-derive ttft/ttst/latency/itl (ms) from the ns columns (the definitions above)."""
+    """Re-derive ttft/ttst/latency/itl (ms) from the ns columns (`request_times_ms`)."""
     out = df.copy()
-    sent = out["sent_ns"].astype("float64")
-    first = out["first_ns"].astype("float64")
-    end = out["end_ns"].astype("float64")
-    out["ttft_ms"] = (first - sent) / 1e6
-    out["latency_ms"] = (end - sent) / 1e6
-    toks = out["output_tokens"].astype("float64")
-    out["itl_ms"] = ((out["latency_ms"] - out["ttft_ms"]) / (toks - 1)).where(toks > 1)
-
-    def ttst(times: Any) -> float | None:
-        return (times[1] - times[0]) / 1e6 if times is not None and len(times) > 1 else None
-
-    out["ttst_ms"] = out["chunk_times_ns"].map(ttst).astype("float64")
+    rows = [
+        request_times_ms(
+            0 if pd.isna(sent) else int(sent),
+            None if pd.isna(sent) else times,
+            None if pd.isna(toks) else int(toks),
+        )
+        for sent, times, toks in zip(
+            out["sent_ns"], out["chunk_times_ns"], out["output_tokens"], strict=True
+        )
+    ]
+    for column in ("ttft_ms", "latency_ms", "ttst_ms", "itl_ms"):
+        out[column] = pd.Series([r[column] for r in rows], index=out.index, dtype="float64")
     return out
 
 

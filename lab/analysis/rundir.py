@@ -1,4 +1,5 @@
-"""Files of a run directory that the analysis reads and writes (see measurement.md).
+"""Files of a run directory that the analysis reads and writes (docs/metrics.md, "The run
+directory").
 
     config.json       every setting (written by the launcher; the sweep adds its section)
     requests.parquet  one row per request (REQUEST_SCHEMA), rewritten atomically after each level

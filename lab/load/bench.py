@@ -7,7 +7,7 @@ so its CPU is not the client's).
     python -m lab.load.bench --target http://127.0.0.1:PORT --model NAME   # any OpenAI server
 
 The client runs in its own process (ClientOptions.isolate) so its CPU and loop-lag figures are
-its own. Budget (issue 5): at most 1.5 ms of client CPU per 128-token request, send delay p99
+its own. Budget: at most 1.5 ms of client CPU per 128-token request, send delay p99
 under 1 ms at concurrency 256. Figures per level are medians over the repeats.
 """
 

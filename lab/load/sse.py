@@ -18,6 +18,8 @@ from itertools import accumulate
 
 import orjson
 
+from lab.analysis.request_times import request_times_ms
+
 
 @dataclass
 class RawResponse:
@@ -285,14 +287,6 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
     out["first_ns"] = chunk_times[0] if chunk_times else None
     out["end_ns"] = chunk_times[-1] if chunk_times else None
     out["done_ns"] = raw.done_ns
-    sent = raw.sent_ns
-    if chunk_times:
-        out["ttft_ms"] = (chunk_times[0] - sent) / 1e6
-        out["latency_ms"] = (chunk_times[-1] - sent) / 1e6
-        out["ttst_ms"] = (chunk_times[1] - chunk_times[0]) / 1e6 if n_chunks > 1 else None
-        toks = out["output_tokens"]
-        out["itl_ms"] = (out["latency_ms"] - out["ttft_ms"]) / (toks - 1) if toks > 1 else None
-    else:
-        out["ttft_ms"] = out["latency_ms"] = out["ttst_ms"] = out["itl_ms"] = None
+    out.update(request_times_ms(raw.sent_ns, chunk_times, out["output_tokens"]))
     out["ok"] = out["error_kind"] is None
     return out

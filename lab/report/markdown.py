@@ -1,4 +1,4 @@
-"""report.md and the terminal table: the results table of measurement.md, the knee sentence,
+"""report.md and the terminal table: the results table (docs/metrics.md), the knee sentence,
 the client-health sentence, per-process CPU, plots, and a fault section when there were faults."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """The table of measurement.md: Conc, req/s, out tok/s, latency avg/p99, TTFT avg/p50/p99,
-    tokens per chunk, errors (with kinds). `levels` = by_concurrency() rows."""
+    """The results table (docs/metrics.md): Conc, req/s, out tok/s, latency avg/p99,
+    TTFT avg/p50/p99, tokens per chunk, errors (with kinds). `levels` = by_concurrency() rows."""
     header = ["Conc", "req/s", "out tok/s", "Latency avg ms", "p99", "TTFT avg ms", "p50", "p99",
               "ITL ms", "tok/chunk", "CPU ms/req", "CPU us/tok", "Errors"]
     rows = []

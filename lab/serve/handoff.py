@@ -1,4 +1,5 @@
-"""The disaggregation handoff: KvSessionRef <-> JSON (openengine-v1.md §8, "Between legs").
+"""The disaggregation handoff: KvSessionRef <-> JSON (docs/engine-contract.md, "Handoff between
+legs").
 
     {"session_id": str, "transfer_backend": str,
      "endpoints": [{"host": str, "port": int, "protocol": str}, ...],

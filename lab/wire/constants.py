@@ -9,14 +9,14 @@ from typing import Final
 # `--stream-interval`, TensorRT-LLM `stream_interval`); N > 1 = every N tokens, plus the last.
 DEFAULT_STREAM_INTERVAL: Final = 1
 
-# --- GenerateRequest.extra keys (openengine-v1.md §8, "Phase selection") ---------------------
+# --- GenerateRequest.extra keys (docs/engine-contract.md "Phase selection") -------------------
 # A prefill (context) leg carries extra.request_type = "context_only"; the Dynamo TRT-LLM
 # sidecar always sends extra.detokenize = false (token-only output).
 REQUEST_TYPE_KEY: Final = "request_type"
 CONTEXT_ONLY: Final = "context_only"
 DETOKENIZE_KEY: Final = "detokenize"
 
-# --- Handoff JSON between the legs (openengine-v1.md §8, "Between legs") ----------------------
+# --- Handoff JSON between the legs (docs/engine-contract.md "Handoff between legs") -----------
 # `disaggregated_params` mirrors KvSessionRef; all five keys are required on the decode leg
 # (`attributes` is KvSessionRef.attributes_struct as JSON).
 HANDOFF_SESSION_ID: Final = "session_id"
@@ -32,7 +32,7 @@ HANDOFF_KEYS: Final = (
     HANDOFF_ATTRIBUTES,
 )
 
-# --- The mocker's handoff stamps (mocker-model.md §3.4) ---------------------------------------
+# --- The mocker's handoff stamps (docs/mocker.md "Handoff stamps and their validation") ------
 # Prefill stamps session_id = MOCKER_SESSION_PREFIX + uuid, transfer_backend "MOCKER", one
 # endpoint with protocol "mocker", dp_rank 0, and four typed attributes chosen to catch lossy
 # relays: a string, a whole-valued double, the fractional double 12.5 (must survive exactly),
@@ -54,7 +54,8 @@ MOCKER_REQUIRED_ATTRIBUTES: Final = (
     ATTR_FIRST_GEN_TOKENS,
 )
 
-# --- grpc.health.v1 service names the mocker serves (openengine-v1.md §1, issue 2 §5) --------
+# --- grpc.health.v1 service names the mocker serves ----------------------------------------
+# (docs/engine-contract.md "Health service names")
 HEALTH_OVERALL: Final = ""
 HEALTH_LIVENESS: Final = "liveness"
 HEALTH_INFERENCE: Final = "inference"

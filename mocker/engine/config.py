@@ -1,7 +1,7 @@
 """Engine arguments of the simulated engine: the one place engine defaults live.
 
-Defaults match the reference mocker's TensorRT-LLM server (design.md, "Defaults that must
-match the reference engine simulator"): block size 32, 16384 KV blocks, 256 running sequences,
+Defaults match the reference mocker's TensorRT-LLM server (docs/mocker.md
+"Defaults"): block size 32, 16384 KV blocks, 256 running sequences,
 8192 batched tokens per pass, prefix caching and chunked prefill on, speedup 1.0, 64 GB/s KV
 transfer and 131072 KV bytes per token (32 layers x 2 x 8 KV heads x 128 head dim x 2 bytes).
 """
@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 ENGINE_TYPES = ("trtllm", "vllm")
 DEFAULT_ENGINE_TYPE = "trtllm"
@@ -91,7 +91,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def _is_num(v: Any) -> TypeGuard[float]:
     return (isinstance(v, int | float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -1,4 +1,4 @@
-"""KV block pool with prefix caching (mocker-model.md section 2.4).
+"""KV block pool with prefix caching (docs/mocker.md "KV pool").
 
 Accounting is by block counts; only full prompt blocks have an identity:
 

@@ -1,4 +1,4 @@
-"""The vLLM-style scheduler pass loop (mocker-model.md section 2.3). Pure: the caller owns time.
+"""The vLLM-style scheduler pass loop (docs/mocker.md "Scheduler"). Pure: the caller owns time.
 
 One `step(now_ms)` is one forward pass:
 
@@ -25,7 +25,7 @@ One `step(now_ms)` is one forward pass:
    on the sum of sequence lengths of the decode set when it is not empty.
 5. At pass end every request whose KV now covers its whole sequence emits one token.
 
-First token (section 2.3 item 6, our reading): the pass that finishes a prompt emits the first
+First token (our reading of the reference engines): the pass that finishes a prompt emits the first
 token under both policies (real engines sample it from the context phase). The policies differ
 in what that costs: ``vllm`` samples it from the prefill itself (the request is not part of
 the pass's decode set: no decode time is charged for it), while ``trtllm`` does not sample

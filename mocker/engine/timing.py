@@ -1,4 +1,4 @@
-"""Pass timing models (mocker-model.md section 2.6). All times in milliseconds.
+"""Pass timing models (docs/mocker.md "Timing"). All times in milliseconds.
 
 Models (selected by `EngineArgs.timing["type"]`):
 

@@ -1,4 +1,4 @@
-"""Deterministic token ids, request UUIDs and synthetic logprobs (mocker-model.md section 2.7).
+"""Deterministic token ids, request UUIDs and synthetic logprobs (docs/mocker.md "Tokens").
 
 One BLAKE3 hash per token: blake3(seed_le8 || request_id_utf8 || position_le8); the first 4
 digest bytes read as a little-endian u32 x give token 1000 + x mod 31000 (ids in [1000, 31999]).
@@ -55,7 +55,7 @@ def token_deriver(seed: int, request_id: str) -> Callable[[int], int]:
         return TOKEN_ID_BASE + unpack(h.digest(4))[0] % TOKEN_ID_SPAN
 
     def many(first: int, count: int) -> list[int]:
-        out = []
+        out: list[int] = []
         append = out.append
         for position in range(first, first + count):
             h = copy()

@@ -1,5 +1,5 @@
 """mocker.server: the gRPC edge of the mocker (openengine.v1 as the TensorRT-LLM OpenEngine mock
-serves it; mocker-model.md sections 3.3-3.4).
+serves it; docs/mocker.md).
 
 Modules, one job each:
 

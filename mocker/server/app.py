@@ -36,7 +36,7 @@ from .state import ServerState
 log = logging.getLogger("mocker.server")
 
 MAX_MESSAGE_BYTES = MAX_GRPC_MESSAGE_BYTES
-#: The real TRT-LLM OpenEngine servicer's channel options (openengine-v1.md section 9).
+#: The real TRT-LLM OpenEngine servicer's channel options (docs/engine-contract.md).
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

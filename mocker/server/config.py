@@ -1,7 +1,7 @@
 """Server-level settings of `mocker serve`: the one place their defaults live.
 
 Engine (scheduler, KV pool, timing) defaults live in `mocker.engine.config.EngineArgs`; these are
-the wire server's own (mocker-model.md section 3.3, "CLI").
+the wire server's own (docs/mocker.md "Defaults").
 """
 
 from __future__ import annotations

@@ -86,8 +86,9 @@ def token_event(prefix: bytes, tokens: list[int]) -> bytes:
     other id (out of range, or not seen yet) takes the per-token path.
     """
     try:
-        entries = b"".join(map(_entry_of.__getitem__, tokens))
-        text = b"".join(map(_text_of.__getitem__, tokens))
+        # An unwarmed id is None in the tables: join raises TypeError and the slow path runs.
+        entries = b"".join(map(_entry_of.__getitem__, tokens))  # type: ignore[arg-type]
+        text = b"".join(map(_text_of.__getitem__, tokens))  # type: ignore[arg-type]
     except (IndexError, TypeError):
         parts = [_piece(t) for t in tokens]
         entries = b"".join([e for e, _ in parts])

@@ -1,5 +1,5 @@
 """The prefill -> decode handoff: what a prefill server stamps and what a decode server accepts
-(mocker-model.md section 3.4).
+(docs/mocker.md "Handoff stamps and their validation").
 
 The four typed attributes are chosen to catch lossy relays (a JSON codec between the legs): a
 string (dropped/defaulted fields), a whole-valued double (type coercion), the fractional double

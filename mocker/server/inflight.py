@@ -2,7 +2,7 @@
 
 The engine loop appends each pass's token to `tokens` at pass end and wakes the stream's
 `waiter`; the stream sends each as its own TokenOutput (or `stream_interval` at a time).
-`claimed` is the single claim of the reference (mocker-model.md 3.3, "Abort claim semantics"):
+`claimed` is the single claim of the reference (docs/mocker.md "Abort claim semantics"):
 whichever of Abort, the stream's own terminal, the stall watchdog or an executor failure sets
 it first decides how the stream ends.
 """

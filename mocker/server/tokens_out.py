@@ -1,6 +1,6 @@
 """Building token events cheaply: token text, logprobs and candidate lists.
 
-Synthetic logprobs follow the reference (mocker-model.md section 3.3): the selected token's
+Synthetic logprobs follow the reference (docs/mocker.md "Tokens"): the selected token's
 logprob is `-0.1 * ((id mod 10) + 1)`; candidate i (rank i + 1) has logprob `selected - 0.1 * i`;
 TopN(n) candidates are ids `selected + 0 .. n - 1` (capped at 20), TokenIds the first 20 given
 ids, All the top 20.

@@ -1,5 +1,5 @@
 """Request preparation: every check a Generate request passes before it is admitted, in the
-reference order (mocker-model.md section 3.3, items 2-9). The concurrency permit (1) and the
+reference order (docs/mocker.md "Validation order", items 2-9). The concurrency permit (1) and the
 duplicate-id claim (10) live in the servicer because they touch shared state.
 """
 

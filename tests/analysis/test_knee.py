@@ -1,4 +1,4 @@
-"""The knee rule with measurement.md's reference table as the test vector."""
+"""The knee rule with the reference table of docs/metrics.md "The knee" as the test vector."""
 
 from __future__ import annotations
 

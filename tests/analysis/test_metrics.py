@@ -1,4 +1,4 @@
-"""Metric definitions (measurement.md) on hand-made request records."""
+"""Metric definitions (docs/metrics.md) on hand-made request records."""
 
 from __future__ import annotations
 

@@ -6,16 +6,9 @@ import random
 
 import pytest
 
-from lab.analysis.nagle import (
-    KernelFacts,
-    arm_results,
-    external_verdict,
-    kernel_facts,
-    launched_verdict,
-    near_timer,
-    sarle_bimodality,
-    stall_stats,
-)
+from lab.analysis.kernel_facts import KernelFacts, kernel_facts, near_timer
+from lab.analysis.nagle import arm_results, sarle_bimodality, stall_stats
+from lab.analysis.nagle_verdict import external_verdict, launched_verdict
 
 
 def _fast(n: int, rng: random.Random, mu: float = 1.0) -> list[float]:
@@ -95,7 +88,8 @@ def test_too_few_samples() -> None:
     arms = arm_results({"control": {1: _fast(10, rng)}, "suspect": {1: _stalled(10, rng)}})
     v = launched_verdict(arms)
     assert v.outcome == "too few samples"
-    assert "too few samples" in v.text
+    assert v.headline.kind == "too_few_launched"
+    assert (v.headline.values["suspect_n"], v.headline.values["control_n"]) == (10, 10)
 
 
 def test_threshold_is_configurable() -> None:
@@ -129,15 +123,34 @@ def _launched(suspect1: list[float], control1: list[float], suspect32: list[floa
     return arm_results(samples, labels)
 
 
-def test_launched_verdict_reproduced_names_the_numbers() -> None:
+def _reproduced():
+    """99% of the suspect's concurrency-1 requests in a 44 ms cluster, none of the control's."""
     rng = random.Random(11)
     arms = _launched(
         _fast(2, rng) + _stalled(198, rng),
         _fast(200, rng),
         _fast(194, rng, 5.0) + _stalled(6, rng, 48.0),
     )
-    v = launched_verdict(arms, facts=FACTS)
+    return launched_verdict(arms, facts=FACTS)
+
+
+def test_launched_verdict_reproduced_names_the_numbers() -> None:
+    v = _reproduced()
     assert v.outcome == "reproduced"
+    assert v.kinds() == ["reproduced", "many_falls", "many_control_clear"]
+    head = v.headline.values
+    assert head["suspect"].cluster_share == pytest.approx(0.99)
+    assert 44.0 <= head["suspect"].cluster_median_ms < 45.0
+    assert head["control"].cluster_share == 0.0
+    assert head["timer"] == 1  # one delayed-ACK timer
+    many = v.finding("many_falls")
+    assert many is not None and many.values["share"] == pytest.approx(0.03)
+    assert [a.values["name"] for a in v.arms] == ["control", "suspect"]
+
+
+def test_launched_verdict_in_words() -> None:
+    """The words of a reproduced verdict: the numbers and the kernel facts, in one sentence."""
+    v = _reproduced()
     assert v.text.startswith(
         "reproduced: with client NODELAY off and split writes, 99% of concurrency-1 requests "
         "wait in a 44."
@@ -146,7 +159,8 @@ def test_launched_verdict_reproduced_names_the_numbers() -> None:
     assert "tcp_pingpong_thresh=1" in v.text
     assert "with NODELAY on both ends and coalesced writes, 0%" in v.text
     assert "at concurrency 32 the cluster falls to 3%" in v.text
-    assert len(v.lines) == 2
+    assert len(v.lines) == 2 and v.lines[0].startswith("control (")
+    assert v.to_dict()["text"] == v.text and v.to_dict()["headline"]["kind"] == "reproduced"
 
 
 def test_launched_verdict_does_not_call_queueing_at_high_concurrency_a_stall() -> None:
@@ -160,7 +174,8 @@ def test_launched_verdict_does_not_call_queueing_at_high_concurrency_a_stall() -
     }
     v = launched_verdict(arm_results(samples), facts=FACTS)
     assert v.outcome == "reproduced"
-    assert "but the control's is 62% too" in v.text
+    queues = v.finding("many_control_queues")
+    assert queues is not None and queues.values["share"] == pytest.approx(0.62, abs=0.01)
     assert "cannot tell a stall from queueing" in v.text
 
 
@@ -169,7 +184,8 @@ def test_launched_verdict_not_reproduced() -> None:
     arms = _launched(_fast(200, rng), _fast(200, rng), _fast(200, rng, 5.0))
     v = launched_verdict(arms, facts=FACTS)
     assert v.outcome == "not reproduced"
-    assert v.text.startswith("not reproduced: with client NODELAY off and split writes, 0%")
+    assert v.headline.kind == "not_reproduced"
+    assert v.headline.values["suspect"].cluster_share == 0.0
 
 
 def test_launched_verdict_partly_when_the_control_stalls_too() -> None:
@@ -194,9 +210,13 @@ def test_external_verdict_localises_the_stall() -> None:
     results = arm_results(samples, labels, independent=["non-streaming"])
     v = external_verdict(results, gap_arms=["gap-100ms"], facts=FACTS)
     assert v.outcome == "stall present"
+    assert v.kinds() == [
+        "stall_present", "traffic_vanishes", "fresh_absent", "nonstream_absent", "gap_persists"
+    ]
+    head = v.headline.values
+    assert head["stats"].cluster_share == pytest.approx(0.95)
+    assert head["fast_ref"] == "fresh_median" and head["timer"] == 1
     assert "95% of single-stream requests on one reused connection" in v.text
-    assert "vanishes under continuous traffic" in v.text
-    assert "absent on fresh ones" in v.text
     assert "idle time does not end it" in v.text
 
 
@@ -205,6 +225,8 @@ def test_external_verdict_no_stall() -> None:
     samples = {"reused": {1: _fast(200, rng), 32: _fast(200, rng, 8.0)}}
     v = external_verdict(arm_results(samples))
     assert v.outcome == "no stall"
+    assert v.kinds() == ["no_stall"]  # no findings about causes without a stall
+    assert v.headline.values["stats"].shape == "unimodal"
     assert v.text.startswith("no stall: single-stream TTFT on one reused connection is unimodal")
 
 
@@ -226,5 +248,8 @@ def test_external_verdict_reads_a_few_noisy_samples_as_absent_not_present() -> N
     results = arm_results(samples, independent=["non-streaming"])
     assert results["non-streaming"].at(1).cluster_share > 0.05
     v = external_verdict(results)
+    assert v.kinds() == ["stall_present", "fresh_absent", "nonstream_absent"]
+    nonstream = v.finding("nonstream_absent")
+    assert nonstream is not None
+    assert nonstream.values["share"] == pytest.approx(2 / 30)
     assert "present when streaming and absent when not (97% vs 7%)" in v.text, v.text
-    assert "present on a reused connection and absent on fresh ones (97% vs 0%)" in v.text

@@ -11,15 +11,15 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from lab.commands.nagle import (
+from lab.commands.nagle import nagle
+from lab.commands.nagle_arms import (
     LAUNCHED_ARMS,
     ProbeOptions,
     external_arms,
     launched_arms,
-    nagle,
     parse_gaps,
-    write_outputs,
 )
+from lab.commands.nagle_report import write_outputs
 from lab.serve.settings import SocketSettings
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from lab.analysis.nagle import ABSENT_SHARE
 from tests.procs import start
@@ -19,6 +20,7 @@ def _lab(*args: str) -> list[str]:
     return [sys.executable, "-c", "from lab.cli import main; main()", *args]
 
 
+@pytest.mark.kernel_delayed_ack
 def test_probe_reproduces_the_stall_only_with_client_nodelay_off_and_split_writes(
     tmp_path: Path,
 ) -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lab.serve.frontend.testing import frontend_argv, mocker_argv, sidecar_argv
-from tests.procs import Proc
+from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
 
 OSL = 16
 ISL = 24
@@ -89,7 +88,9 @@ def test_launched_sweep(tmp_path: Path) -> None:
 def test_target_sweep_against_a_separate_frontend(spawn: Callable[..., Proc],
                                                   tmp_path: Path) -> None:
     disc = str(tmp_path / "disc")
-    engine = spawn("engine", mocker_argv("aggregated", "engine-x-0001", 1000.0))
+    engine = spawn(
+        "engine", mocker_argv(role="aggregated", instance_id="engine-x-0001", speedup=1000.0)
+    )
     spawn("sidecar", sidecar_argv(engine.address, disc, "sidecar-x"))
     fe = spawn("frontend", frontend_argv(disc, "--expect", "aggregated=1"))
     run = tmp_path / "run"

@@ -14,6 +14,21 @@ from pathlib import Path
 import psutil
 
 
+def _wait_for_clients(proc: subprocess.Popen, timeout: float = 60.0) -> list[psutil.Process]:
+    """The sweep's two client processes, once both run; fails with the sweep's own output if
+    it exits first (a child list that stays empty would otherwise hide why)."""
+    deadline = time.monotonic() + timeout
+    clients: list[psutil.Process] = []
+    while len(clients) < 2:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the sweep exited ({proc.returncode}) first:\n{out}\n{err}")
+        assert time.monotonic() < deadline, "the level's client processes never started"
+        time.sleep(0.2)
+        clients = psutil.Process(proc.pid).children(recursive=True)
+    return clients
+
+
 def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_path: Path) -> None:
     server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
     out = tmp_path / "run"
@@ -26,12 +41,7 @@ def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_pa
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        deadline = time.monotonic() + 30
-        clients: list[psutil.Process] = []
-        while time.monotonic() < deadline and len(clients) < 2:
-            time.sleep(0.2)
-            clients = psutil.Process(proc.pid).children(recursive=True)
-        assert len(clients) >= 2, "the level's client processes never started"
+        clients = _wait_for_clients(proc)
         time.sleep(1.0)  # in the middle of the level
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -60,11 +70,7 @@ def test_a_sigkilled_sweep_takes_its_client_processes_with_it(spawn, tmp_path: P
     )
     clients: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(clients) < 2:
-            time.sleep(0.2)
-            clients = psutil.Process(proc.pid).children(recursive=True)
-        assert len(clients) >= 2, "the level's client processes never started"
+        clients = _wait_for_clients(proc)
         time.sleep(1.0)
         proc.kill()
         proc.wait(10)

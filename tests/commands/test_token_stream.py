@@ -39,10 +39,12 @@ def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: 
     assert (req["output_tokens"] == OSL).all()
     assert (req["chunks"] == OSL).all(), req["chunks"].value_counts()
     assert (req["tokens_per_chunk"] == 1.0).all()
-    # ITL > 0: the events of a request arrive spread over time, not in one read (on a loaded
-    # machine a stalled client can still read a few requests' events in one go)
+    # ITL > 0: a request's events arrive spread over time. On a loaded machine (or at speedup 0)
+    # one client read may still carry all of a request's events, and events of one read share its
+    # stamp, so that is asserted for most requests; the level's ITL must be positive.
+    assert (req["itl_ms"] >= 0).all()
     assert (req["itl_ms"] > 0).mean() >= 0.9, req["itl_ms"].describe()
-    assert (req["ttft_ms"] < req["latency_ms"]).all()
+    assert (req["ttft_ms"] <= req["latency_ms"]).all()
     assert levels["tokens_per_chunk"].tolist() == [1.0]
     assert (levels["itl_ms_avg"] > 0).all()
     # the per-token CPU figure is in levels.csv and the printed table

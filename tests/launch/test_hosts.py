@@ -7,7 +7,7 @@ CI runs as root and runs them.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import functools
 import ipaddress
 import json
 import os
@@ -27,14 +27,15 @@ from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from tests.launch.helpers import alive
+from tests.waiting import wait_for as _wait_for
+
+#: The predicates probe processes over HTTP (blocking): in a thread, every 0.1 s, up to 30 s.
+wait_for = functools.partial(_wait_for, timeout=30.0, interval=0.1, in_thread=True)
 
 OK, REASON = netns.available()
-REAL = all(importlib.util.find_spec(m) for m in (
-    "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))
 NETEM, _ = netns.netem_available() if OK else (False, "")
 pytestmark = [
     pytest.mark.skipif(not OK, reason=f"needs network namespaces: {REASON}"),
-    pytest.mark.skipif(not REAL, reason="the real fleet is not built yet"),
     pytest.mark.usefixtures("no_leftovers"),
 ]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -110,15 +111,6 @@ def lab_objects(run_id: str) -> list[str]:
 def network_event(run_dir: Path) -> dict:
     return next(e for e in read_events(run_dir / "events.jsonl")
                 if e["event"] == "start" and e["name"] == "network")
-
-
-async def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 async def test_two_hosts_serve_over_the_veth_link(tmp_path: Path) -> None:

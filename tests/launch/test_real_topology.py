@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import functools
 import json
 import os
 import subprocess
@@ -19,13 +19,12 @@ from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from tests.launch.helpers import alive
+from tests.waiting import wait_for as _wait_for
 
-REAL = all(importlib.util.find_spec(m) for m in (
-    "mocker.cli", "lab.serve.sidecar.cli", "lab.serve.frontend.cli"))
-pytestmark = [
-    pytest.mark.skipif(not REAL, reason="the real fleet is not built yet"),
-    pytest.mark.usefixtures("no_leftovers"),
-]
+#: The predicates probe processes over HTTP (blocking): in a thread, every 0.1 s, up to 30 s.
+wait_for = functools.partial(_wait_for, timeout=30.0, interval=0.1, in_thread=True)
+
+pytestmark = [pytest.mark.usefixtures("no_leftovers")]
 LAB = str(Path(sys.executable).with_name("lab"))
 FAST = dict(speedup=0, grace_s=8, extra_sidecar_args=["--grace-period", "0.5"],
             extra_frontend_args=["--shutdown-grace", "0.5"])
@@ -56,15 +55,6 @@ def healthy(url: str) -> bool:
             return reply.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-async def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 async def test_real_aggregated_then_disaggregated(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ restart policies, readiness errors, side-by-side topologies, sampler, config."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import urllib.request
@@ -18,6 +19,10 @@ from launch.events import read_events
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from tests.launch.helpers import alive
+from tests.waiting import wait_for as _wait_for
+
+#: Launcher state changes take seconds (restarts with backoff): poll every 0.1 s, up to 20 s.
+wait_for = functools.partial(_wait_for, timeout=20.0, interval=0.1)
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -25,14 +30,6 @@ pytestmark = pytest.mark.usefixtures("no_leftovers")
 def health(url: str) -> int:
     with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
         return reply.status
-
-
-async def wait_for(predicate, timeout: float = 20.0) -> None:
-    for _ in range(int(timeout / 0.1)):
-        if predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 async def test_aggregated_and_disaggregated_cycles(tmp_path: Path, fakes: Programs) -> None:

@@ -1,4 +1,4 @@
-"""Deterministic tokens and UUIDs (mocker-model.md 2.7), pinned and re-derived with blake3."""
+"""Deterministic tokens and UUIDs (docs/mocker.md "Tokens"), pinned and re-derived with blake3."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Control RPCs, abort claim semantics, grpc.health.v1 and the admin service over a real socket
-(mocker-model.md 3.3, 3.5 "control.rs"; contracts.md admin service)."""
+(docs/mocker.md; docs/engine-contract.md "Services" for the admin service)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,13 @@ from tests.mocker.test_server_support import Engine, engine_process, request, to
 def fast_engine(request, tmp_path_factory) -> Engine:
     """Engines whose passes cost far less wall time than their streams' writes."""
     speedup = request.param
+    # Room for the unread stream below (1M tokens) to stay unfinished in the engine while the
+    # other streams run, however slow the machine: by default its budget is clamped to the
+    # 32k context, which an engine running free (nothing to wait for) generates in about a
+    # second, and it would end before the test looks.
     with engine_process(tmp_path_factory.mktemp(f"d{speedup}"), f"engine-s{speedup}",
-                        "--speedup-ratio", speedup) as e:
+                        "--speedup-ratio", speedup, "--context-length", "2000000",
+                        "--engine-args", '{"num_gpu_blocks": 131072}') as e:
         yield e
 
 
@@ -46,7 +51,8 @@ def test_a_stream_nobody_reads_does_not_hold_up_the_others(fast_engine: Engine) 
     engine marks it slow and keeps serving the others at full speed."""
     # ~1 KB per message (20 candidates each): the unread stream's window fills fast
     stalled = fast_engine.inference.Generate(
-        request("unread", max_tokens=200_000, output_logprobs=True, output_top_n=20), timeout=120
+        request("unread", max_tokens=1_000_000, output_logprobs=True, output_top_n=20),
+        timeout=120,
     )
     next(stalled)  # it is running
     try:

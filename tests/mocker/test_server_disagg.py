@@ -1,7 +1,7 @@
 """Prefill / decode roles over real sockets: role validation, PrefillReady and its stamped
 session, the strict handoff validation (mutations a lossy relay makes), first-token replay with
 its logprob, the bypassed-prefill path, and a prefill -> JSON -> decode round trip across two
-server processes (mocker-model.md 3.3, 3.4, 3.5 "disagg.rs")."""
+server processes (docs/mocker.md "Handoff stamps and their validation")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Generate on an aggregated mocker over a real socket: validation statuses, stream shape,
-logprobs, stop tokens, clamping, capacity rejection, recorder (mocker-model.md 3.3, 3.5)."""
+logprobs, stop tokens, clamping, capacity rejection, recorder (docs/mocker.md)."""
 
 from __future__ import annotations
 

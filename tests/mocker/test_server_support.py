@@ -22,6 +22,7 @@ from lab.wire.gen.openengine.v1 import (
     lifecycle_pb2,
     openengine_pb2_grpc,
 )
+from tests import procs
 from tests.procs import Proc, start
 
 MODEL = "mocker-model"
@@ -62,10 +63,8 @@ class Engine:
 
 
 def mocker_argv(*extra: str) -> list[str]:
-    return [
-        "python", "-m", "mocker", "serve", "--listen", "127.0.0.1:0",
-        "--admin-listen", "127.0.0.1:0", *extra,
-    ]
+    """`mocker serve` with its admin service on a port of its own (the tests inject faults)."""
+    return procs.mocker_argv(*extra, admin=True)
 
 
 @contextlib.contextmanager

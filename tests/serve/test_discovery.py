@@ -9,8 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from lab.serve.discovery import WorkerRecord, open_registry
+from lab.serve.discovery import WorkerRecord, file_store, open_registry
 from lab.serve.discovery.file_store import FileRegistry
+from tests.waiting import wait_for
+
+
+class FakeClock:
+    """The registry's wall clock, moved by the test: TTL arithmetic without racing real time."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(file_store, "time", fake)
+    return fake
 
 
 def record(worker_id: str = "sidecar-0", role: str = "aggregated", **kw) -> WorkerRecord:
@@ -56,29 +74,41 @@ async def test_refresh_publishes_new_load(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
-async def test_expiry_after_ttl_deletes_the_file(tmp_path: Path) -> None:
+async def test_expiry_after_ttl_deletes_the_file(tmp_path: Path, clock: FakeClock) -> None:
     reg = FileRegistry(tmp_path, ttl_s=0.3, poll_s=0.05)
     await reg.register(record())
+    clock.now += 0.29
     assert len(await reg.list()) == 1
-    await asyncio.sleep(0.45)
+    clock.now += 0.02
     assert await reg.list() == []
     assert not (tmp_path / "sidecar-0.json").exists()
 
 
-async def test_heartbeat_keeps_a_record_alive(tmp_path: Path) -> None:
+async def test_heartbeat_keeps_a_record_alive(tmp_path: Path, clock: FakeClock) -> None:
     reg = FileRegistry(tmp_path, ttl_s=0.3, poll_s=0.05)
     rec = record()
     await reg.register(rec)
     for _ in range(8):  # 0.8 s, well past the ttl
-        await asyncio.sleep(0.1)
+        clock.now += 0.2
         await reg.refresh(rec)
         assert [r.worker_id for r in await reg.list()] == ["sidecar-0"]
+    clock.now += 0.31  # the heartbeat stops: the record expires
+    assert await reg.list() == []
 
 
 async def test_watch_sees_add_change_and_remove(tmp_path: Path) -> None:
     reg = FileRegistry(tmp_path, ttl_s=5, poll_s=0.02)
     seen: list[list[str]] = []
     loads: list[int] = []
+    scans = 0
+    scan = reg._scan
+
+    def counting_scan() -> list[WorkerRecord]:
+        nonlocal scans
+        scans += 1
+        return scan()
+
+    reg._scan = counting_scan  # type: ignore[method-assign]
 
     async def consume() -> None:
         async for live in reg.watch():
@@ -87,20 +117,29 @@ async def test_watch_sees_add_change_and_remove(tmp_path: Path) -> None:
             if len(seen) == 5:
                 return
 
-    async with asyncio.timeout(5):
+    async def snapshots(n: int) -> None:
+        await wait_for(lambda: len(seen) == n, 5, f"watch snapshot {n}")
+
+    async def polled() -> None:
+        """The watcher has scanned the directory since the last write (twice, to be sure)."""
+        target = scans + 2
+        await wait_for(lambda: scans >= target, 5, "the watcher to poll")
+
+    async with asyncio.timeout(10):
         async with asyncio.TaskGroup() as tg:
             tg.create_task(consume())
-            await asyncio.sleep(0.1)
+            await snapshots(1)
             rec = record("a")
             await reg.register(rec)
-            await asyncio.sleep(0.1)
+            await snapshots(2)
             await reg.refresh(rec)  # heartbeat only: not a change
-            await asyncio.sleep(0.1)
+            await polled()
+            assert len(seen) == 2
             await reg.register(record("b"))
-            await asyncio.sleep(0.1)
+            await snapshots(3)
             rec.load = {"running_requests": 3}
             await reg.refresh(rec)  # new load: a change
-            await asyncio.sleep(0.1)
+            await snapshots(4)
             await reg.withdraw("a")
     assert seen == [[], ["a"], ["a", "b"], ["a", "b"], ["b"]]
     assert loads == [0, 0, 0, 3, 0]
@@ -118,7 +157,7 @@ async def test_watch_sees_expiry(tmp_path: Path) -> None:
     assert sets == [["sidecar-0"], []]
 
 
-async def test_two_registries_on_one_directory(tmp_path: Path) -> None:
+async def test_two_registries_on_one_directory(tmp_path: Path, clock: FakeClock) -> None:
     writer = FileRegistry(tmp_path, ttl_s=0.3, poll_s=0.02)
     reader = FileRegistry(tmp_path, ttl_s=0.3, poll_s=0.02)
     await writer.register(record("w-0"))
@@ -131,7 +170,7 @@ async def test_two_registries_on_one_directory(tmp_path: Path) -> None:
     await writer.register(record("w-1"))
     reader_rec = record("r-0")
     for _ in range(5):
-        await asyncio.sleep(0.1)
+        clock.now += 0.1
         await reader.refresh(reader_rec)
     assert [r.worker_id for r in await reader.list()] == ["r-0"]
     assert not (tmp_path / "w-1.json").exists()

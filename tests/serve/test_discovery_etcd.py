@@ -12,7 +12,7 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from lab.serve.discovery.etcd_store import (
     prefix_range_end,
 )
 from launch.etcd import LocalEtcd, etcd_available, free_port
+from tests.waiting import wait_for
 
 LAB = [sys.executable, "-c", "from lab.cli import main; main()"]
 ETCD_OK, ETCD_REASON = etcd_available()
@@ -41,15 +42,6 @@ def record(worker_id: str, address: str = "127.0.0.1:9", **kw) -> WorkerRecord:
 async def etcd(tmp_path: Path) -> AsyncIterator[LocalEtcd]:
     async with LocalEtcd(tmp_path / "run") as server:
         yield server
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - start
 
 
 class Collector:

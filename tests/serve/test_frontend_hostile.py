@@ -18,7 +18,7 @@ import pytest
 
 from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.server import FrontendServer, running
-from lab.serve.frontend.testing import FakeFleet, FakeWorker
+from tests.serve.fakes import FakeFleet, FakeWorker
 
 MODEL = "mocker-model"
 CONTEXT = 64

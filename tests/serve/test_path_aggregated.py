@@ -15,8 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from lab.serve.frontend.testing import engine_load, frontend_argv, mocker_argv, sidecar_argv
-from tests.procs import Proc
+from tests.procs import Proc, engine_load, frontend_argv, mocker_argv, sidecar_argv
 
 MODEL = "mocker-model"
 
@@ -43,7 +42,11 @@ def start_stack(
 ) -> Stack:
     disc = str(tmp_path / "disc")
     engines = [
-        spawn(f"engine-{i}", mocker_argv("aggregated", f"engine-{i}-0001", speedup), ready=False)
+        spawn(
+            f"engine-{i}",
+            mocker_argv(role="aggregated", instance_id=f"engine-{i}-0001", speedup=speedup),
+            ready=False,
+        )
         for i in range(workers)
     ]
     for engine in engines:

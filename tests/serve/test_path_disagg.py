@@ -15,10 +15,9 @@ import openai
 import pytest
 
 from lab.serve.frontend.protocol import GenRequest
-from lab.serve.frontend.testing import frontend_argv, mocker_argv, sidecar_argv
 from lab.serve.request_plane import FrameType, RequestPlaneClient
 from lab.wire import constants as wc
-from tests.procs import Proc
+from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
 from tests.serve.test_path_aggregated import MODEL, stream_completion, wait_healthy
 
 
@@ -29,7 +28,9 @@ def start_disagg(
     procs: dict[str, Proc] = {}
     for role in ("prefill", "decode"):
         procs[f"engine-{role}"] = spawn(
-            f"engine-{role}-0", mocker_argv(role, f"engine-{role}-0-0001"), ready=False
+            f"engine-{role}-0",
+            mocker_argv(role=role, instance_id=f"engine-{role}-0-0001", speedup=1000.0),
+            ready=False,
         )
     for role in ("prefill", "decode"):
         engine = procs[f"engine-{role}"]

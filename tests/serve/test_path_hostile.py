@@ -11,8 +11,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from lab.serve.frontend.testing import frontend_argv, mocker_argv, sidecar_argv
-from tests.procs import Proc
+from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
 from tests.serve.test_frontend_process import wait_http
 
 MODEL = "mocker-model"
@@ -24,9 +23,9 @@ async def test_hostile_inputs_get_400_over_the_real_path(
     spawn: Callable[..., Proc], tmp_path: Path
 ) -> None:
     disc = str(tmp_path / "disc")
-    engine = spawn("engine-0", mocker_argv("aggregated", "engine-0-h", 1000.0,
-                                           "--context-length", str(CONTEXT),
-                                           "--record-requests"))
+    engine = spawn("engine-0", mocker_argv("--context-length", str(CONTEXT), "--record-requests",
+                                           role="aggregated", instance_id="engine-0-h",
+                                           speedup=1000.0))
     sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0"), ready=False)
     fe = spawn("frontend", frontend_argv(disc, "--expect", "aggregated=1"))
     sidecar.wait_ready(30)

@@ -479,9 +479,10 @@ async def _median_second_request_ms(settings: SocketSettings, n: int = 7) -> flo
         await server.close()
 
 
+@pytest.mark.kernel_delayed_ack
 @both_loops
 async def test_split_writes_without_client_nodelay_stall_on_a_persistent_connection() -> None:
-    """The behaviour the settings exist for (serving-path.md): header+body writes with Nagle on
+    """The behaviour the settings exist for (docs/nagle.md): header+body writes with Nagle on
     the client wait for the server's delayed ACK (~40 ms); one coalesced write does not."""
     base = {"pool_size": 1, "server_nodelay": True}
     stalled = await _median_second_request_ms(

@@ -26,6 +26,7 @@ from lab.wire.gen.openengine.v1 import (
     openengine_pb2_grpc,
     server_pb2,
 )
+from tests.waiting import wait_for
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
 
@@ -170,9 +171,14 @@ async def test_serves_and_registers(tmp_path: Path) -> None:
         assert tokens == [100, 101, 102, 103]
         assert end["finish"] == "length" and end["worker_id"] == "sidecar-t"
         assert end["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 0}
-        await asyncio.sleep(0.3)
+        # The first heartbeat publishes the engine's load (heartbeat every 0.1 s here).
+        async def published() -> bool:
+            (record,) = await registry.list()
+            return "in_flight" in record.load
+
+        await wait_for(published, 10, "the heartbeat's load sample")
         (record,) = await registry.list()
-        assert record.load["instance_id"] == "fake-engine-1" and "in_flight" in record.load
+        assert record.load["instance_id"] == "fake-engine-1"
 
 
 async def slow_forever(request, context):
@@ -345,23 +351,27 @@ async def test_engine_loss_withdraws_cuts_and_exits_1(
     assert lost and lost[0].levelno == logging.ERROR and expected in lost[0].getMessage()
 
 
-async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_path: Path) -> None:
-    async def slowish(request, context):
-        for i in range(request.stopping.max_tokens):
-            yield tok(i)
-            await asyncio.sleep(0.05)
-        yield fin()
+async def slowish(request, context):
+    """max_tokens tokens, 50 ms apart (longer on a loaded machine, never shorter)."""
+    for i in range(request.stopping.max_tokens):
+        yield tok(i)
+        await asyncio.sleep(0.05)
+    yield fin()
 
+
+async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_path: Path) -> None:
     engine = FakeEngine()
     engine.script = slowish
-    async with stack(tmp_path, engine, grace_period_s=0.6) as (
+    # The grace period is long enough for r-grace on a loaded machine; r-long (>= 2.5 s: its
+    # sleeps only get longer under load) is still in flight when the grace period ends.
+    async with stack(tmp_path, engine, grace_period_s=1.5) as (
         sidecar,
         task,
         client,
         registry,
         healths,
     ):
-        long_stream = await client.open_stream(request("r-long", max_tokens=20))  # ~1 s
+        long_stream = await client.open_stream(request("r-long", max_tokens=50))
         await anext(long_stream)
         sidecar._stop.set()  # what the SIGTERM handler does
         async with asyncio.timeout(5):
@@ -372,13 +382,13 @@ async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_pa
         assert end["error"] is None and len(tokens) == 2
         # A later engine loss does not change the exit code.
         await healths.set("liveness", health_pb2.HealthCheckResponse.NOT_SERVING)
-        await asyncio.sleep(0.7)
+        await wait_for(lambda: not sidecar.admitting, 10, "the end of the grace period")
         _, refused = await collect(await client.open_stream(request("r-late")))
         assert (
             refused["error"]["kind"] == "unavailable" and "draining" in refused["error"]["message"]
         )
         tokens, end = await collect(long_stream)  # in-flight ones finish
-        assert end["error"] is None and len(tokens) == 19
+        assert end["error"] is None and len(tokens) == 49
         async with asyncio.timeout(10):
             assert await task == 0
 
@@ -391,12 +401,6 @@ async def test_a_failing_withdraw_does_not_skip_the_drain(
 
     async def broken_withdraw(self, worker_id: str) -> None:
         raise OSError("discovery store unreachable")
-
-    async def slowish(request, context):
-        for i in range(request.stopping.max_tokens):
-            yield tok(i)
-            await asyncio.sleep(0.05)
-        yield fin()
 
     engine = FakeEngine()
     engine.script = slowish

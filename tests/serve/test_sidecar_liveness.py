@@ -56,11 +56,17 @@ async def stop(task: asyncio.Task, server: grpc.aio.Server, channel: grpc.aio.Ch
     await server.stop(0)
 
 
-async def test_not_serving_resolves_while_serving_stays_pending() -> None:
+async def serving_watch():
+    """A health server whose liveness is SERVING, and a watch on it."""
     servicer = health.aio.HealthServicer()
     await servicer.set("liveness", SERVING)
     server, channel = await start_server(servicer)
     loss, task = await run_watch(channel)
+    return servicer, server, channel, loss, task
+
+
+async def test_not_serving_resolves_while_serving_stays_pending() -> None:
+    servicer, server, channel, loss, task = await serving_watch()
     try:
         await asyncio.sleep(0.3)
         assert not loss.resolved
@@ -78,16 +84,24 @@ async def test_not_serving_resolves_while_serving_stays_pending() -> None:
 
 
 async def test_clean_end_of_the_watch_resolves() -> None:
+    sent, release = asyncio.Event(), asyncio.Event()
+
     async def script(request, context):
         assert request.service == "liveness"
         yield health_pb2.HealthCheckResponse(status=SERVING)
-        await asyncio.sleep(0.2)  # then a graceful stop: the stream ends OK
+        sent.set()
+        await release.wait()  # then a graceful stop: the stream ends OK
 
     server, channel = await start_server(ScriptedHealth(script))
     loss, task = await run_watch(channel)
     try:
+        async with asyncio.timeout(5):
+            await sent.wait()
+        # The stream is held open until `release`: a SERVING status alone resolves nothing.
+        # (The pause lets the watch read the status; its length only makes the check sharper.)
         await asyncio.sleep(0.1)
         assert not loss.resolved
+        release.set()
         assert "watch ended" in await resolved_within(loss, 5)
     finally:
         await stop(task, server, channel)
@@ -109,10 +123,7 @@ async def test_watch_error_resolves() -> None:
 
 
 async def test_dropped_connection_resolves() -> None:
-    servicer = health.aio.HealthServicer()
-    await servicer.set("liveness", SERVING)
-    server, channel = await start_server(servicer)
-    loss, task = await run_watch(channel)
+    _servicer, server, channel, loss, task = await serving_watch()
     try:
         await asyncio.sleep(0.3)
         assert not loss.resolved

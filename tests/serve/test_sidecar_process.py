@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -16,52 +15,25 @@ from lab.serve.discovery.file_store import FileRegistry
 from lab.serve.request_plane import FrameType, RequestPlaneClient
 from lab.wire.gen.loadlab.mocker.v1 import admin_pb2, admin_pb2_grpc
 from lab.wire.gen.openengine.v1 import model_pb2, openengine_pb2_grpc, server_pb2
+from tests import procs
+from tests.procs import mocker_argv
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
-LAB = str(Path(sys.executable).parent / "lab")
 PROMPT = list(range(1000, 1136))  # 136 tokens
 
 
-def engine_argv(role: str = "aggregated", speedup: str = "0", instance: str = "") -> list[str]:
-    argv = [
-        "python",
-        "-m",
-        "mocker",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--role",
-        role,
-        "--speedup-ratio",
-        speedup,
-        "--admin-listen",
-        "127.0.0.1:0",
-    ]
-    if instance:
-        argv += ["--instance-id", instance]
-    return argv
+#: Faster than the defaults: a heartbeat every 0.2 s, a 5 s engine connect timeout.
+SIDECAR_FLAGS = ("--heartbeat", "0.2", "--connect-attempt-timeout", "5")
+
+
+def engine_argv(role: str = "aggregated", speedup: float = 0, instance: str | None = None):
+    """An engine at speedup 0 (no sleeping) unless a test needs paced tokens; with its admin
+    service on a port of its own (the tests inject faults)."""
+    return mocker_argv(role=role, speedup=speedup, instance_id=instance, admin=True)
 
 
 def sidecar_argv(engine: str, disc: Path, worker_id: str, *extra: str) -> list[str]:
-    return [
-        LAB,
-        "sidecar",
-        "--engine",
-        engine,
-        "--listen",
-        "127.0.0.1:0",
-        "--discovery",
-        f"file:{disc}",
-        "--worker-id",
-        worker_id,
-        "--heartbeat",
-        "0.2",
-        "--connect-attempt-timeout",
-        "5",
-        "--grace-period",
-        "0.2",
-        *extra,
-    ]
+    return procs.sidecar_argv(engine, disc, worker_id, *SIDECAR_FLAGS, *extra)
 
 
 async def collect(stream, timeout: float = 20) -> tuple[list[int], dict, int]:
@@ -199,7 +171,7 @@ async def running(address: str) -> int:
 
 async def test_cancel_stops_the_engine_request(spawn, tmp_path: Path) -> None:
     disc = tmp_path / "disc"
-    engine = spawn("engine-0", engine_argv(speedup="1"))
+    engine = spawn("engine-0", engine_argv(speedup=1))
     sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0"))
     client = RequestPlaneClient(sidecar.address)
     try:
@@ -275,7 +247,7 @@ async def test_engine_loss_withdraws_while_running_then_exits_1(
 ) -> None:
     disc = tmp_path / "disc"
     registry = FileRegistry(disc)
-    engine = spawn("engine-0", engine_argv(speedup="1", instance="engine-0-bbbb"))
+    engine = spawn("engine-0", engine_argv(speedup=1, instance="engine-0-bbbb"))
     sidecar = spawn(
         "sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--grace-period", "1.5")
     )

@@ -1,20 +1,21 @@
-"""The compiled protos match openengine-v1-fields.md (the authoritative v0.1.0 listing) exactly.
+"""The compiled protos match the committed reference of openengine v0.1.0 exactly.
 
-Parses the document (every file, import, enum value, message field, oneof and service RPC) and
-compares it with the descriptors of the generated modules, so a typo in a .proto fails here.
+The reference (`openengine_v0_1_0.json`, built as `reference.py` documents) lists every file,
+import, enum value, message field, oneof and service RPC; this compares it with the descriptors
+of the generated modules, so a typo in a .proto fails here. It is in the repository, so the test
+never depends on a file outside it.
 """
 
 from __future__ import annotations
 
 import importlib
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
 
-FIELDS_DOC = Path(__file__).resolve().parents[2].parent / "shared/docs/openengine-v1-fields.md"
+from tests.wire.reference import REFERENCE, Fields, ProtoFile, load_reference
+
 PACKAGE = "openengine.v1"
 GEN = "lab.wire.gen"
 
@@ -36,64 +37,6 @@ _SCALARS = {
     _T.TYPE_SINT32: "sint32",
     _T.TYPE_SINT64: "sint64",
 }
-
-# (name, label, type, oneof) by field number
-Fields = dict[int, tuple[str, str, str, str]]
-
-
-@dataclass
-class ProtoFile:
-    imports: set[str] = field(default_factory=set)
-    enums: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
-    messages: dict[str, Fields] = field(default_factory=dict)
-    services: dict[str, dict[str, tuple[str, str, str]]] = field(default_factory=dict)
-
-
-@dataclass
-class Doc:
-    summary: str
-    files: dict[str, ProtoFile]
-
-
-def _cells(line: str) -> list[str]:
-    return [cell.strip() for cell in line.strip().strip("|").split("|")]
-
-
-def parse_fields_doc(text: str) -> Doc:
-    summary = ""
-    files: dict[str, ProtoFile] = {}
-    current: ProtoFile | None = None
-    kind = name = ""
-    for line in text.splitlines():
-        if m := re.match(r"^\d+ files, \d+ services, \d+ messages, \d+ enums\.$", line):
-            summary = m.group(0)
-        elif m := re.match(r"^## (\S+\.proto) \(proto3\)$", line):
-            current = files.setdefault(m.group(1), ProtoFile())
-            kind = name = ""
-        elif current is None:
-            continue
-        elif line.startswith("imports:"):
-            current.imports = set(re.findall(r"`([^`]+)`", line))
-        elif m := re.match(r"^### (enum|message|service) (\w+)$", line):
-            kind, name = m.groups()
-            if kind == "message":
-                current.messages[name] = {}
-            elif kind == "service":
-                current.services[name] = {}
-        elif kind == "enum" and "=" in line:
-            values = [v.split("=") for v in line.split(",")]
-            current.enums[name] = [(k.strip(), int(v)) for k, v in values]
-        elif kind == "message" and re.match(r"^\| \d+ \|", line):
-            num, fname, label, ftype, oneof = _cells(line)
-            oneof_name = re.fullmatch(r"(?:oneof `(\w+)`)?", oneof)
-            assert oneof_name is not None, line
-            current.messages[name][int(num)] = (fname, label, ftype, oneof_name.group(1) or "")
-        elif kind == "service" and line.startswith("| ") and not line.startswith("| RPC"):
-            cells = _cells(line)
-            if not set(cells[0]) <= {"-"}:
-                current.services[name][cells[0]] = (cells[1], cells[2], cells[3])
-    return Doc(summary, files)
-
 
 def _short(type_name: str, package: str) -> str:
     """`.openengine.v1.TokenIds` -> `TokenIds` (same package); `.google.protobuf.Struct` stays."""
@@ -147,30 +90,30 @@ def describe_file(proto_path: str) -> tuple[descriptor_pb2.FileDescriptorProto, 
 
 
 @pytest.fixture(scope="module")
-def doc() -> Doc:
-    if not FIELDS_DOC.is_file():
-        pytest.skip(f"{FIELDS_DOC} not found (the shared specs sit beside the repository in CI)")
-    return parse_fields_doc(FIELDS_DOC.read_text(encoding="utf-8"))
+def reference() -> dict[str, ProtoFile]:
+    return load_reference()[1]
 
 
-def test_parser_saw_the_whole_document(doc: Doc) -> None:
-    """Guard against a parser that silently skips part of the listing."""
-    text = FIELDS_DOC.read_text(encoding="utf-8")
-    files = doc.files.values()
-    counted = (
-        f"{len(doc.files)} files, {sum(len(f.services) for f in files)} services, "
-        f"{sum(len(f.messages) for f in files)} messages, {sum(len(f.enums) for f in files)} enums."
-    )
-    assert counted == doc.summary == "8 files, 2 services, 63 messages, 9 enums."
-    field_rows = len(re.findall(r"^\| \d+ \|", text, re.MULTILINE))
-    assert sum(len(m) for f in files for m in f.messages.values()) == field_rows == 243
-    assert sum(len(rpcs) for f in files for rpcs in f.services.values()) == 11
+def test_reference_is_whole() -> None:
+    """Guard against a reference that lost part of the listing: its totals are recounted."""
+    totals, files = load_reference()
+    values = files.values()
+    counted = {
+        "files": len(files),
+        "services": sum(len(f.services) for f in values),
+        "messages": sum(len(f.messages) for f in values),
+        "enums": sum(len(f.enums) for f in values),
+        "fields": sum(len(m) for f in values for m in f.messages.values()),
+        "rpcs": sum(len(rpcs) for f in values for rpcs in f.services.values()),
+    }
+    expected = {"files": 8, "services": 2, "messages": 63, "enums": 9, "fields": 243, "rpcs": 11}
+    assert counted == totals == expected, REFERENCE
 
 
-def test_the_same_eight_files(doc: Doc) -> None:
+def test_the_same_eight_files(reference: dict[str, ProtoFile]) -> None:
     proto_root = Path(__file__).resolve().parents[2] / "proto"
     ours = {str(p.relative_to(proto_root)) for p in (proto_root / "openengine").rglob("*.proto")}
-    assert ours == set(doc.files)
+    assert ours == set(reference)
 
 
 @pytest.mark.parametrize(
@@ -186,8 +129,8 @@ def test_the_same_eight_files(doc: Doc) -> None:
         "openengine/v1/server.proto",
     ],
 )
-def test_file_matches_the_listing(doc: Doc, proto_path: str) -> None:
-    expected = doc.files[proto_path]
+def test_file_matches_the_reference(reference: dict[str, ProtoFile], proto_path: str) -> None:
+    expected = reference[proto_path]
     fdp, actual = describe_file(proto_path)
     assert fdp.package == PACKAGE
     assert fdp.syntax == "proto3"

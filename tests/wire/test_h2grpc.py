@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -19,6 +19,7 @@ from lab.wire.h2grpc import frames as f
 from lab.wire.h2grpc.client import BEHIND_MESSAGES, H2GrpcChannel
 from lab.wire.h2grpc.conn import LOCAL_STREAM_WINDOW
 from lab.wire.h2grpc.server import H2GrpcServer
+from tests.waiting import wait_for
 
 SVC = "t.T"
 UNARY, STREAM, ABORT, HANG, FLOOD, STEPPED = (
@@ -103,13 +104,6 @@ class Service:
                 "Stepped": us(self.stepped),
             },
         )
-
-
-async def wait_for(cond: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Poll a condition once per loop turn (no sleeps with a duration)."""
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0)
 
 
 async def wait_event(ev: asyncio.Event, timeout: float = WAIT) -> None:
@@ -295,11 +289,15 @@ async def test_200_concurrent_streams(pair: Any) -> None:
         assert got == [_msg(j, 8 + i) for j in range(50)]
 
 
+ASYNC_CLIENT_PAIRS = [(s, c) for s, c in PAIRS if c != "sync"]
+ASYNC_CLIENT_IDS = [f"{s}-server_{c}-client" for s, c in ASYNC_CLIENT_PAIRS]
+
+
+# An async client only: holding a stream unread needs one.
+@pytest.mark.parametrize("pair", ASYNC_CLIENT_PAIRS, indirect=True, ids=ASYNC_CLIENT_IDS)
 async def test_stalled_reader_does_not_stall_other_streams(pair: Any, service: Service) -> None:
     """One stream's reader stops; its producer is back-pressured (pulled a bounded amount),
     and the other streams on the connection keep flowing."""
-    if pair.kinds[1] == "sync":
-        pytest.skip("needs an async client to hold a stream unread")
     stalled = pair.open_stream(FLOOD, b"")
     it = stalled.__aiter__()
     assert await it.__anext__() == b"f" * FLOOD_SIZE  # flowing, then never read again
@@ -354,7 +352,8 @@ async def test_one_step_of_n_streams_is_one_write(service: Service, client_kind:
     try:
         calls = [client.open_stream(STEPPED, b"2") for _ in range(n)]
         its = [c.__aiter__() for c in calls]
-        await wait_for(lambda: service.at_step == n)  # every handler waits at step 1
+        # every handler waits at step 1
+        await wait_for(lambda: service.at_step == n, WAIT, interval=0)
         (conn,) = server._conns
         counter = CountingTransport(conn.transport)
         conn.transport = counter
@@ -363,7 +362,8 @@ async def test_one_step_of_n_streams_is_one_write(service: Service, client_kind:
         step.set()
         firsts = await asyncio.gather(*(it.__anext__() for it in its))
         assert firsts == [_msg(0, 8)] * n
-        await wait_for(lambda: service.at_step == n)  # all back at step 2: nothing else to send
+        # all back at step 2: nothing else to send
+        await wait_for(lambda: service.at_step == n, WAIT, interval=0)
         conn.flush()
         with_data = [w for w in counter.writes if data_frames(w)]
         assert len(with_data) == 1, [len(data_frames(w)) for w in counter.writes]
@@ -423,7 +423,7 @@ async def test_client_reconnects_after_server_restart(service: Service) -> None:
     try:
         assert await channel.unary_unary(UNARY)(b"a") == b"a"
         await server.stop(None)
-        await wait_for(lambda: channel._conn is None)
+        await wait_for(lambda: channel._conn is None, WAIT, interval=0)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await channel.unary_unary(UNARY)(b"b")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -561,7 +561,7 @@ async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await channel.unary_unary(UNARY)(b"hasty")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        await wait_for(lambda: channel._failure is not None)
+        await wait_for(lambda: channel._failure is not None, WAIT, interval=0)
         server = H2GrpcServer()
         server.add_generic_rpc_handlers((service.handler(),))
         assert server.add_insecure_port(f"127.0.0.1:{port}") == port

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -48,11 +49,11 @@ class Registry(abc.ABC):
     async def withdraw(self, worker_id: str) -> None: ...
 
     @abc.abstractmethod
-    async def list(self) -> list[WorkerRecord]:
+    async def list(self) -> builtins.list[WorkerRecord]:
         """Live records only (expired ones are dropped)."""
 
     @abc.abstractmethod
-    def watch(self) -> AsyncIterator[list[WorkerRecord]]:
+    def watch(self) -> AsyncIterator[builtins.list[WorkerRecord]]:
         """Yield the current live set now, then again each time it changes."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook

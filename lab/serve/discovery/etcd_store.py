@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -175,7 +176,9 @@ class EtcdRegistry(Registry):
             ) from exc
         if status != 200 or (isinstance(answer, dict) and "error" in answer and "code" in answer):
             message = (
-                (answer.get("message") or answer.get("error")) if isinstance(answer, dict) else raw
+                (answer.get("message") or answer.get("error"))
+                if isinstance(answer, dict)
+                else raw.decode(errors="replace")
             )
             raise EtcdError(f"etcd at {self.url} refused {path} (HTTP {status}): {message}")
         return answer
@@ -268,17 +271,17 @@ class EtcdRegistry(Registry):
             log.warning("ignoring an unreadable record at key %r", kv.get("key"))
             return None
 
-    async def list(self) -> list[WorkerRecord]:
+    async def list(self) -> builtins.list[WorkerRecord]:
         records, _ = await self._range()
         return sorted(records.values(), key=lambda r: r.worker_id)
 
-    async def watch(self) -> AsyncIterator[list[WorkerRecord]]:
+    async def watch(self) -> AsyncIterator[builtins.list[WorkerRecord]]:
         """Yield the live set now, then each time it changes (see the module docstring).
 
         Never raises for an unreachable etcd: it logs (once per outage) and keeps retrying every
         `poll_s`, yielding again as soon as the set is readable and differs.
         """
-        last: list[dict[str, Any]] | None = None
+        last: builtins.list[dict[str, Any]] | None = None
         outage: str | None = None
         while True:
             try:
@@ -310,7 +313,7 @@ class EtcdRegistry(Registry):
 
     async def _follow(
         self, state: dict[bytes, WorkerRecord], start_revision: int
-    ) -> AsyncIterator[list[WorkerRecord]]:
+    ) -> AsyncGenerator[builtins.list[WorkerRecord], None]:
         """Apply /v3/watch events to `state` from `start_revision`; yield the set after each
         message with events. Returns when the stream ends or etcd cancels the watch."""
         body = {

@@ -15,6 +15,7 @@ event loop (cheaper than a thread hop).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import os
 import time
@@ -138,14 +139,14 @@ class FileRegistry(Registry):
         except FileNotFoundError:
             pass
 
-    async def list(self) -> list[WorkerRecord]:
+    async def list(self) -> builtins.list[WorkerRecord]:
         return self._scan()
 
-    async def watch(self) -> AsyncIterator[list[WorkerRecord]]:
+    async def watch(self) -> AsyncIterator[builtins.list[WorkerRecord]]:
         """Yield the live set now, then each time it changes: a record added, removed, expired,
         or re-published with different content such as a new load sample (a heartbeat that only
         moves `updated_at` is not a change)."""
-        last: list[dict] | None = None
+        last: builtins.list[dict] | None = None
         while True:
             records = self._scan()
             current = [{**r.to_json(), "updated_at": None} for r in records]

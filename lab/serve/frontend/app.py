@@ -191,13 +191,13 @@ class FrontendApp:
     async def debug_conn(self, request: web.Request) -> web.Response:
         transport = request.transport
         sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is None:
+        if transport is None or sock is None:
             return _json({"tcp_nodelay": None})
         value = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         return _json(
             {
                 "tcp_nodelay": int(bool(value)),
-                "peer": list(request.transport.get_extra_info("peername") or []),
+                "peer": list(transport.get_extra_info("peername") or []),
             }
         )
 
@@ -357,7 +357,7 @@ class FrontendApp:
         decode = self.tokenizer.decode
         metrics = self.metrics
         perf = time.perf_counter_ns
-        itl = None
+        itl: Any = None  # the worker's ITL histogram, once the first token named the worker
         transport = None  # set once aiohttp has written the headers: then chunks may go direct
 
         async def on_chunk(p: dict[str, Any]) -> None:
@@ -368,7 +368,7 @@ class FrontendApp:
                 return
             now = perf()
             if trace.first_token_ns:
-                itl.observe((now - trace.last_token_ns) / (1e9 * n), n)  # type: ignore[union-attr]
+                itl.observe((now - trace.last_token_ns) / (1e9 * n), n)
             else:
                 trace.first_token_ns = now
                 worker = trace.decode_worker_id or "none"
@@ -395,7 +395,7 @@ class FrontendApp:
             if not n:
                 return True
             now = perf()
-            itl.observe((now - trace.last_token_ns) / (1e9 * n), n)  # type: ignore[union-attr]
+            itl.observe((now - trace.last_token_ns) / (1e9 * n), n)
             trace.last_token_ns = now
             trace.tokens += n
             t.write(chunked(enc.chunk(decode(ids))))

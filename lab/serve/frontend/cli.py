@@ -25,21 +25,16 @@ from lab.serve.settings import (
     DiscoveryTiming,
     SocketSettings,
 )
+from lab.serve.switches import ON_OFF, is_on, on_off
+from lab.wire.address import split_address
 from lab.wire.ready import format_ready
 
 _DEFAULT_SOCKETS = SocketSettings()
-ON_OFF = click.Choice(["on", "off"])
-
-
-def _on_off(default: bool) -> str:
-    return "on" if default else "off"
-
-
 def _listen(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{value!r}: expected HOST:PORT, e.g. 127.0.0.1:8000")
-    return host, int(port)
+    try:
+        return split_address(value, allow_port_zero=True)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected HOST:PORT, e.g. 127.0.0.1:8000") from None
 
 
 def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
@@ -86,7 +81,7 @@ def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
 @click.option(
     "--client-nodelay",
     type=ON_OFF,
-    default=_on_off(_DEFAULT_SOCKETS.client_nodelay),
+    default=on_off(_DEFAULT_SOCKETS.client_nodelay),
     show_default=True,
     help="TCP_NODELAY on the request-plane client sockets.",
 )
@@ -107,7 +102,7 @@ def _expect(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
 @click.option(
     "--http-nodelay",
     type=ON_OFF,
-    default=_on_off(_DEFAULT_SOCKETS.http_nodelay),
+    default=on_off(_DEFAULT_SOCKETS.http_nodelay),
     show_default=True,
     help="TCP_NODELAY on accepted HTTP client connections.",
 )
@@ -239,10 +234,10 @@ def frontend(
         discovery=discovery,
         router=router,
         sockets=SocketSettings(
-            client_nodelay=client_nodelay == "on",
+            client_nodelay=is_on(client_nodelay),
             split_writes=split_writes,
             pool_size=pool_size,
-            http_nodelay=http_nodelay == "on",
+            http_nodelay=is_on(http_nodelay),
         ),
         enforce_disagg=enforce_disagg,
         migration_limit=migration_limit,

@@ -28,6 +28,7 @@ from typing import Any
 from lab.serve.frontend.errors import ApiError, from_end_error
 from lab.serve.frontend.protocol import GenRequest
 from lab.serve.frontend.workers import Worker, WorkerSet, unavailable_errors
+from lab.serve.request_plane.api import PlaneStream
 from lab.serve.request_plane.frames import FrameType
 from lab.serve.router import Router
 
@@ -184,10 +185,11 @@ class Dispatcher:
                         raise retry.error from None
                     trace.migrations += 1
                 if generated:
-                    payload = self._continuation(req, trace, generated)
-                    if payload is None:  # the budget was used up before the failure
+                    continuation = self._continuation(req, trace, generated)
+                    if continuation is None:  # the budget was used up before the failure
                         trace.finish = "length"
                         return
+                    payload = continuation
 
     def _continuation(self, req: GenRequest, trace: Trace, generated: list[int]) -> dict | None:
         payload = req.plane_payload(f"{trace.request_id}-m{trace.migrations}")
@@ -239,7 +241,7 @@ class Dispatcher:
         payload: dict[str, Any],
         model: str | None,
         exclude: set[str],
-    ) -> tuple[Worker, Any]:
+    ) -> tuple[Worker, PlaneStream]:
         tried: set[str] = set()
         while True:
             worker = self.workers.pick(
@@ -265,7 +267,7 @@ class Dispatcher:
     async def _consume(
         self,
         worker: Worker,
-        stream: Any,
+        stream: PlaneStream,
         on_chunk: OnChunk | None,
         held: list[dict[str, Any]] | None,
         on_chunk_now: OnChunkNow | None = None,
@@ -303,7 +305,8 @@ class Dispatcher:
                         held.append(p)
                     else:
                         emitted = True
-                        await on_chunk(p)  # one SSE event per CHUNK: never merged  # type: ignore[misc]
+                        # one SSE event per CHUNK: never merged (held is None: on_chunk given)
+                        await on_chunk(p)  # type: ignore[misc]
                 elif ftype == END:
                     ended = True
                     break

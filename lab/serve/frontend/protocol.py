@@ -47,7 +47,8 @@ class GenRequest:
     want_timing: bool = False
 
     def plane_payload(self, request_id: str) -> dict[str, Any]:
-        """The request-plane REQUEST payload (contracts.md); the dispatcher fills model/handoff."""
+        """The request-plane REQUEST payload (docs/request-plane.md, "RequestPayload"); the
+        dispatcher fills model/handoff."""
         return {
             "request_id": request_id,
             "model": self.model,

@@ -12,23 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lab.serve.discovery import Registry, WorkerRecord
 from lab.serve.frontend.config import WORKER_BACKOFF_S
+from lab.serve.request_plane.api import ClientFactory, PlaneClient
 from lab.serve.router import Router
 from lab.serve.settings import ROLES, SocketSettings
 
 log = logging.getLogger("lab.frontend.workers")
 
-ClientFactory = Callable[[str, SocketSettings], Any]
 
 # Retired clients still busy after this long are closed anyway (their streams fail).
 RETIRE_MAX_S = 600.0
 
 
-def default_client_factory(address: str, settings: SocketSettings) -> Any:
+def default_client_factory(address: str, settings: SocketSettings) -> PlaneClient:
     from lab.serve.request_plane import RequestPlaneClient
 
     return RequestPlaneClient(address, settings)
@@ -46,7 +46,7 @@ class Worker:
 
     __slots__ = ("client", "down_until", "inflight", "record", "retired_at", "role", "worker_id")
 
-    def __init__(self, record: WorkerRecord, client: Any) -> None:
+    def __init__(self, record: WorkerRecord, client: PlaneClient) -> None:
         self.record = record
         self.worker_id = record.worker_id
         self.role = record.role

@@ -8,6 +8,7 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 
@@ -19,8 +20,10 @@ from lab.serve.request_plane.frames import (
     encode_frame,
     error_end,
 )
-from lab.serve.request_plane.sockets import FramedConnection, set_nodelay, split_address
+from lab.serve.request_plane.payloads import EndPayload
+from lab.serve.request_plane.sockets import FramedConnection, set_nodelay
 from lab.serve.settings import SocketSettings
+from lab.wire.address import split_address
 
 CONNECT_TIMEOUT_S = 5.0
 _REQUEST = int(FrameType.REQUEST)
@@ -38,7 +41,7 @@ class WorkerUnavailable(ConnectionError):
         self.reason = reason
 
 
-def unavailable_end(message: str) -> dict:
+def unavailable_end(message: str) -> EndPayload:
     return error_end("unavailable", message, 503)
 
 
@@ -63,7 +66,7 @@ class ResponseStream:
         self._cancel_sent = False
         self.direct: Callable[[dict], bool] | None = None
 
-    def _deliver(self, ftype: int, payload: dict) -> None:
+    def _deliver(self, ftype: int, payload: Any) -> None:  # a decoded dict or an EndPayload
         if ftype == _CHUNK and not self._frames:
             direct = self.direct
             if direct is not None and direct(payload):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import struct
 from enum import IntEnum
 
+from lab.serve.request_plane.payloads import EndPayload, end_payload
+
 HEADER = struct.Struct("!BII")
 HEADER_SIZE = HEADER.size  # 9
 MAX_PAYLOAD = 32 * 1024 * 1024
@@ -64,13 +66,8 @@ class FrameReader:
         return frames
 
 
-def error_end(kind: str, message: str, status: int, worker_id: str | None = None) -> dict:
-    """An END payload carrying an error (the request-plane contract's shape)."""
-    return {
-        "finish": None,
-        "stop_reason": None,
-        "usage": None,
-        "handoff": None,
-        "error": {"kind": kind, "message": message, "status": status},
-        "worker_id": worker_id,
-    }
+def error_end(kind: str, message: str, status: int, worker_id: str | None = None) -> EndPayload:
+    """An END payload carrying an error (docs/request-plane.md, "EndPayload")."""
+    return end_payload(
+        error={"kind": kind, "message": message, "status": status}, worker_id=worker_id
+    )

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from lab.serve.request_plane.frames import HEADER, FrameType, error_end
+from lab.serve.request_plane.payloads import EndPayload
 from lab.serve.request_plane.sockets import FramedConnection, set_nodelay
 from lab.serve.settings import SocketSettings
 
@@ -67,7 +68,7 @@ class StreamSink:
         body = dumps(payload)
         conn.queue_frame(pack(_CHUNK, self.stream_id, len(body)) + body)
 
-    def end(self, payload: dict) -> None:
+    def end(self, payload: EndPayload) -> None:
         """Queue the END (once; later calls are ignored). Goes out after the queued CHUNKs."""
         if self._ended:
             return
@@ -105,9 +106,9 @@ class _ServerConnection(FramedConnection):
                 return
             self.server._spawn(request, sink)
         elif ftype == _CANCEL:
-            sink = self.streams.get(stream_id)
-            if sink is not None:
-                sink._cancel()
+            cancelled = self.streams.get(stream_id)
+            if cancelled is not None:
+                cancelled._cancel()
         else:
             self.close(ValueError(f"unexpected frame type {ftype} from the client"))
 

@@ -14,10 +14,11 @@ from lab.serve.settings import (
     SidecarTiming,
     SocketSettings,
 )
+from lab.serve.switches import ON_OFF, is_on, on_off
 
 
 def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
-    from lab.serve.request_plane.sockets import split_address
+    from lab.wire.address import split_address
 
     try:
         return split_address(value, allow_port_zero=param.name == "listen")
@@ -68,8 +69,8 @@ _POSITIVE = click.FloatRange(min=0.001)
 )
 @click.option(
     "--server-nodelay",
-    type=click.Choice(["on", "off"]),
-    default="on" if SocketSettings.server_nodelay else "off",
+    type=ON_OFF,
+    default=on_off(SocketSettings.server_nodelay),
     show_default=True,
     help="TCP_NODELAY on accepted request-plane sockets (set explicitly either way).",
 )
@@ -211,7 +212,7 @@ def sidecar(
         listen_port=listen[1],
         discovery=discovery,
         worker_id=worker_id,
-        sockets=SocketSettings(server_nodelay=server_nodelay == "on"),
+        sockets=SocketSettings(server_nodelay=is_on(server_nodelay)),
         grace_period_s=grace_period,
         inflight_timeout_s=inflight_timeout,
         startup_deadline_s=startup_deadline,

@@ -1,4 +1,5 @@
-"""Conversion between request-plane payloads and openengine.v1 messages (serving-path.md §4.4).
+"""Conversion between request-plane payloads and openengine.v1 messages (docs/request-plane.md,
+"Payloads").
 
 Pure functions and one small per-request state object; no I/O, so each rule is unit-testable.
 """
@@ -11,6 +12,7 @@ from typing import Any
 import grpc
 
 from lab.serve.handoff import HandoffError, session_from_json, session_to_json
+from lab.serve.request_plane.payloads import EndPayload, end_payload
 from lab.wire.constants import CONTEXT_ONLY, DETOKENIZE_KEY, REQUEST_TYPE_KEY
 from lab.wire.gen.openengine.v1 import error_pb2, generation_pb2, server_pb2
 
@@ -270,19 +272,13 @@ class ResponseConverter:
             "cached_tokens": min(cached, prompt),
         }
 
-    def end(self, **fields: Any) -> dict:
-        payload = {
-            "finish": None,
-            "stop_reason": None,
-            "usage": None,
-            "handoff": None,
-            "error": None,
-            "worker_id": self.worker_id,
-        }
-        payload.update(fields)
-        return payload
+    def end(self, **fields: Any) -> EndPayload:
+        """This stream's END: `fields` are EndPayload keys; the worker id is this sidecar's."""
+        return end_payload(worker_id=self.worker_id, **fields)
 
-    def terminal(self, msg: generation_pb2.GenerateResponse, kind: str) -> tuple[dict | None, dict]:
+    def terminal(
+        self, msg: generation_pb2.GenerateResponse, kind: str
+    ) -> tuple[dict | None, EndPayload]:
         if kind == "finished":
             fin = msg.finished
             if not fin.HasField("output_index") or fin.output_index != 0:
@@ -312,7 +308,7 @@ class ResponseConverter:
             return None, self.end(error=engine_error(msg.error), usage=self._usage(msg))
         raise ProtocolError(f"unexpected {kind or 'empty'} event in the Generate stream")
 
-    def cancelled_end(self) -> dict:
+    def cancelled_end(self) -> EndPayload:
         """The END of a request the frontend cancelled (usage so far)."""
         plan = self.plan
         return self.end(

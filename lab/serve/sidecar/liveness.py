@@ -1,4 +1,4 @@
-"""Engine-loss detection: one path, many reasons (serving-path.md "Engine loss").
+"""Engine-loss detection: one path, many reasons (docs/architecture.md "Engine loss").
 
 `EngineLoss` is the single place a loss is reported; the first reason wins. Three sources feed it:
 

@@ -249,7 +249,8 @@ class H2Connection(asyncio.Protocol):
             headers = self._decoder.decode(block, raw=True)
         except hpack.HPACKError as exc:
             raise ConnectionError_(f.COMPRESSION_ERROR, f"HPACK: {exc}") from exc
-        self.on_headers(sid, headers, bool(flags & f.END_STREAM))
+        # raw=True: a list of (name, value) bytes pairs, whatever hpack annotates
+        self.on_headers(sid, headers, bool(flags & f.END_STREAM))  # type: ignore[arg-type]
 
     def _settings(self, payload: bytes) -> None:
         for key, value in f.parse_settings(payload):

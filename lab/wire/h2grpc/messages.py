@@ -46,7 +46,7 @@ def split_messages(
         end = pos + 5 + length
         if end > n:
             break
-        emit(bytes(data[pos + 5 : end]) if partial else data[pos + 5 : end])
+        emit(bytes(data[pos + 5 : end]) if partial else data[pos + 5 : end])  # type: ignore[arg-type]
         pos = end
     if pos >= n:
         return None

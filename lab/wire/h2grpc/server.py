@@ -145,7 +145,8 @@ class ServicerContext:
 
     async def write(self, message: Any) -> None:
         """Streaming by `context.write` (instead of yielding)."""
-        ser = self._st.handler.response_serializer
+        handler = self._st.handler
+        ser = handler.response_serializer if handler is not None else None
         self._conn.send(self._st, ser(message) if ser is not None else message)
         if not self._conn.writable(self._st):
             await self._conn.wait_writable(self._st)

@@ -1,29 +1,42 @@
 """In-process fakes for testing the frontend without sidecars: a registry and worker clients.
 
 `FakeFleet` is both the registry (the frontend watches it) and the client factory (the frontend
-asks it for a RequestPlaneClient per worker address). Each fake worker answers a request with a
-scripted behaviour: tokens in chunks, an END error, a prefill handoff, a stall, ...
+asks it for a request-plane client per worker address). Each fake worker answers a request with
+a scripted behaviour: tokens in chunks, an END error, a prefill handoff, a stall, ... The frames
+are the real ones: `FrameType` values, and END payloads with every key the sidecar sends
+(`error_end` for errors, `done_end` below otherwise), so the frontend sees what it would see
+from a sidecar.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import builtins
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lab.serve.discovery.base import Registry, WorkerRecord
+from lab.serve.request_plane import FrameType, error_end
+from lab.serve.request_plane.api import PlaneClient, PlaneStream
+from lab.serve.request_plane.payloads import ChunkPayload, EndPayload, Usage, end_payload
 from lab.serve.settings import DEFAULT_MODEL, SocketSettings
 
-CHUNK, END = 3, 4
-Frames = AsyncIterator[tuple[int, dict[str, Any]]]
+CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
+#: (frame type, payload): the payload one of the request-plane TypedDicts (plain dicts at run time)
+Frames = AsyncIterator[tuple[int, Any]]
 Behavior = Callable[["FakeWorker", dict[str, Any]], Frames]
+
+
+def done_end(worker: FakeWorker, usage: Usage, handoff: dict | None = None) -> EndPayload:
+    """A successful END payload (finish "length"), built like the sidecar's."""
+    return end_payload(finish="length", usage=usage, handoff=handoff, worker_id=worker.worker_id)
 
 
 async def default_behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
     """Prefill: END with a handoff. Otherwise max_tokens tokens (16 if None), `per_chunk` each."""
     prompt = req["token_ids"]
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "cached_tokens": 0}
+    usage: Usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "cached_tokens": 0}
     if worker.role == "prefill":
         usage["completion_tokens"] = 1
         usage["cached_tokens"] = worker.cached_tokens
@@ -34,23 +47,13 @@ async def default_behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
             "dp_rank": 0,
             "attributes": {"first": 7},
         }
-        yield (
-            END,
-            {
-                "finish": "length",
-                "stop_reason": None,
-                "usage": usage,
-                "handoff": handoff,
-                "error": None,
-                "worker_id": worker.worker_id,
-            },
-        )
+        yield END, done_end(worker, usage, handoff)
         return
     n = req["max_tokens"] if req["max_tokens"] is not None else 16
     sent = 0
     while sent < n:
         k = min(worker.per_chunk, n - sent)
-        payload: dict[str, Any] = {"t": [100 + sent + i for i in range(k)]}
+        payload: ChunkPayload = {"t": [100 + sent + i for i in range(k)]}
         if req.get("logprobs"):
             payload["lp"] = [-0.5] * k
             if req.get("top_logprobs"):
@@ -61,17 +64,7 @@ async def default_behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
             await asyncio.sleep(worker.delay_s)
     usage["completion_tokens"] = n
     usage["cached_tokens"] = req.get("prefill_cached_tokens") or 0
-    yield (
-        END,
-        {
-            "finish": "length",
-            "stop_reason": None,
-            "usage": usage,
-            "handoff": None,
-            "error": None,
-            "worker_id": worker.worker_id,
-        },
-    )
+    yield END, done_end(worker, usage)
 
 
 def error_behavior(kind: str, status: int, after_tokens: int = 0) -> Behavior:
@@ -80,16 +73,7 @@ def error_behavior(kind: str, status: int, after_tokens: int = 0) -> Behavior:
     async def behavior(worker: FakeWorker, req: dict[str, Any]) -> Frames:
         for i in range(after_tokens):
             yield CHUNK, {"t": [200 + i]}
-        yield (
-            END,
-            {
-                "finish": None,
-                "usage": None,
-                "handoff": None,
-                "error": {"kind": kind, "message": f"fake {kind}", "status": status},
-                "worker_id": worker.worker_id,
-            },
-        )
+        yield END, error_end(kind, f"fake {kind}", status, worker.worker_id)
 
     return behavior
 
@@ -107,9 +91,12 @@ def stall_behavior(tokens_first: int = 1) -> Behavior:
 
 
 class FakeStream:
+    """A PlaneStream over a behaviour's frames; `cancelled` is set when the frontend cancels."""
+
     def __init__(self, frames: Frames) -> None:
         self._frames = frames
         self.cancelled = asyncio.Event()
+        self.direct: Callable[[dict[str, Any]], bool] | None = None  # never offered: all queued
 
     def __aiter__(self) -> Frames:
         return self._frames
@@ -149,6 +136,8 @@ class FakeWorker:
 
 
 class FakeClient:
+    """A PlaneClient for one fake worker's address."""
+
     def __init__(self, fleet: FakeFleet, address: str, settings: SocketSettings) -> None:
         self.fleet = fleet
         self.address = address
@@ -210,94 +199,16 @@ class FakeFleet(Registry):
     async def withdraw(self, worker_id: str) -> None:
         self.remove(worker_id)
 
-    async def list(self) -> list[WorkerRecord]:
+    async def list(self) -> builtins.list[WorkerRecord]:
         return [w.record() for w in self.workers.values()]
 
-    async def watch(self) -> AsyncIterator[list[WorkerRecord]]:
+    async def watch(self) -> AsyncIterator[builtins.list[WorkerRecord]]:
         while True:
             self._changed.clear()
             yield await self.list()
             await self._changed.wait()
 
 
-async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 5.0) -> None:
-    """Poll `predicate` until true (tests)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
-# --- real processes (the end-to-end path tests) ---------------------------------------------------
-
-LAB_ARGV = ["python", "-c", "from lab.cli import main; main()"]
-MOCKER_ARGV = ["python", "-m", "mocker"]
-
-
-def mocker_argv(role: str, instance_id: str, speedup: float = 1000.0, *extra: str) -> list[str]:
-    return [
-        *MOCKER_ARGV,
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--role",
-        role,
-        "--speedup-ratio",
-        str(speedup),
-        "--instance-id",
-        instance_id,
-        *extra,
-    ]
-
-
-def sidecar_argv(
-    engine: str, discovery_dir: str, worker_id: str, *extra: str, grace_s: float = 0.2
-) -> list[str]:
-    """A sidecar with a short SIGTERM grace period (tests stop many processes)."""
-    return [
-        *LAB_ARGV,
-        "sidecar",
-        "--engine",
-        engine,
-        "--listen",
-        "127.0.0.1:0",
-        "--discovery",
-        f"file:{discovery_dir}",
-        "--worker-id",
-        worker_id,
-        "--grace-period",
-        str(grace_s),
-        *extra,
-    ]
-
-
-def frontend_argv(discovery_dir: str, *extra: str) -> list[str]:
-    return [
-        *LAB_ARGV,
-        "frontend",
-        "--listen",
-        "127.0.0.1:0",
-        "--discovery",
-        f"file:{discovery_dir}",
-        *extra,
-    ]
-
-
-def engine_load(address: str, timeout: float = 5.0) -> dict[str, int]:
-    """The engine's GetLoad (running / queued requests), over a short-lived gRPC channel."""
-    import grpc
-
-    from lab.wire.gen.openengine.v1 import openengine_pb2_grpc, server_pb2
-
-    with grpc.insecure_channel(address) as channel:
-        info = openengine_pb2_grpc.ControlStub(channel).GetLoad(
-            server_pb2.GetLoadRequest(), timeout=timeout
-        )
-    return {"running": info.running_requests, "queued": info.queued_requests}
+def _conforms(client: FakeClient, stream: FakeStream) -> tuple[PlaneClient, PlaneStream]:
+    """Never called: mypy (which checks this file) holds the fakes to the frontend's Protocols."""
+    return client, stream
