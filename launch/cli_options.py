@@ -22,7 +22,7 @@ import click
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
 from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
 from lab.serve.switches import ON_OFF, is_on, on_off
-from lab.wire.constants import DEFAULT_STREAM_INTERVAL
+from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.topology import (
     DEFAULT_DECODE_SPEEDUP,
@@ -64,7 +64,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         type=click.FloatRange(min=0), metavar="R",
         help=f"Extra decode speedup ratio.  [default: {DEFAULT_DECODE_SPEEDUP:g}]")),
     (("--stream-interval",), dict(
-        type=click.IntRange(1, 1_000_000), metavar="N",
+        type=click.IntRange(1, MAX_STREAM_INTERVAL), metavar="N",
         help="Tokens per engine message: 1 = every engine step reaches the client as its own "
              "event; N = every N tokens plus the last (vLLM --stream-interval).  "
              f"[default: {DEFAULT_STREAM_INTERVAL}]")),

@@ -63,7 +63,7 @@ from typing import Any
 
 from lab.serve.router import DEFAULT_ROUTER, ROUTERS
 from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, ROLES, SocketSettings
-from lab.wire.constants import DEFAULT_STREAM_INTERVAL
+from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.linkshape import KEYS as LINK_KEYS
 from launch.linkshape import LinkShape, hosts_from_config
@@ -414,7 +414,8 @@ def _validate_topology(
             raise loc.error(fleet_key(index, "engine_args"), "expected a table / JSON object")
         _check_number(fleet.speedup, fleet_key(index, "speedup"), loc, minimum=0)
         _check_number(fleet.decode_speedup, fleet_key(index, "decode_speedup"), loc, minimum=0)
-        _check_int(fleet.stream_interval, fleet_key(index, "stream_interval"), loc, 1, 1_000_000)
+        _check_int(fleet.stream_interval, fleet_key(index, "stream_interval"), loc, 1,
+                   MAX_STREAM_INTERVAL)
         for key in ("restart_engine", "restart_sidecar"):
             value = getattr(fleet, key)
             if value not in RESTART_POLICIES:

@@ -8,7 +8,7 @@ import sys
 import click
 
 from lab.wire.address import split_address
-from lab.wire.constants import DEFAULT_STREAM_INTERVAL
+from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from mocker.engine import EngineArgs, load_engine_args
 from mocker.server import config as sc
 
@@ -149,7 +149,8 @@ def main() -> None:
     "aborted with an OVERLOADED (retryable) error.",
 )
 @click.option(
-    "--stream-interval", type=click.IntRange(min=1), default=DEFAULT_STREAM_INTERVAL,
+    "--stream-interval", type=click.IntRange(1, MAX_STREAM_INTERVAL),
+    default=DEFAULT_STREAM_INTERVAL,
     show_default=True,
     help="Tokens per TokenOutput message: 1 = every engine step is its own message; N = every "
     "N tokens plus the last ones (like vLLM --stream-interval, TensorRT-LLM stream_interval).",

@@ -8,6 +8,9 @@ from typing import Final
 # Tokens per TokenOutput message: 1 = every engine step is its own message (vLLM
 # `--stream-interval`, TensorRT-LLM `stream_interval`); N > 1 = every N tokens, plus the last.
 DEFAULT_STREAM_INTERVAL: Final = 1
+# The largest interval: one TokenOutput of this many tokens with 20 logprob candidates each
+# (~1 KB per token) stays far below the 64 MiB gRPC message limit.
+MAX_STREAM_INTERVAL: Final = 4096
 
 # --- GenerateRequest.extra keys (docs/engine-contract.md "Phase selection") -------------------
 # A prefill (context) leg carries extra.request_type = "context_only"; the Dynamo TRT-LLM

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.wire.constants import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, ROLES
+from lab.wire.constants import (
+    DEFAULT_MODEL,
+    DEFAULT_STREAM_INTERVAL,
+    MAX_STREAM_INTERVAL,
+    ROLES,
+)
 from mocker.engine import EngineArgs
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -74,7 +79,9 @@ class ServerConfig:
             raise ValueError(
                 f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got {self.grpc_server!r}"
             )
-        if self.stream_interval < 1:
-            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(
+                f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}"
+            )
         if not self.instance_id:
             object.__setattr__(self, "instance_id", default_instance_id(self.role))

@@ -76,14 +76,21 @@ def test_stream_interval_sends_every_n_tokens_and_the_last(tmp_path: Path) -> No
         assert [len(m.token.tokens) for m in out[:-1]] == [8, 8, 4]
 
 
-def test_stream_interval_must_be_positive(tmp_path: Path) -> None:
+def test_stream_interval_is_bounded(tmp_path: Path) -> None:
+    """0 and anything above MAX_STREAM_INTERVAL (whose messages could outgrow gRPC's limit) are
+    refused with a message naming the option."""
     import subprocess
     import sys
 
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "mocker"), "serve", "--stream-interval", "0"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert proc.returncode == 2 and "--stream-interval" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
+    for value in ("0", "4097"):
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "mocker"), "serve", "--stream-interval", value],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode == 2 and "--stream-interval" in proc.stderr, (value, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        lab = subprocess.run(
+            [str(Path(sys.executable).parent / "lab"), "sweep", "--stream-interval", value],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert lab.returncode == 2 and "--stream-interval" in lab.stderr, (value, lab.stderr)
