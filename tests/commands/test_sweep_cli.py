@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from lab.commands.sweep import parse_conc, parse_faults, sweep
+from lab.commands.sweep import parse_conc, parse_faults, parse_server_pids, sweep
 from tests.procs import Proc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +54,10 @@ def run(*args: str) -> tuple[int, str]:
     (["--slo-latency-ms", "inf"], "--slo-latency-ms"),
     (["--gap-ms", "nan"], "--gap-ms"),
     (["--requests", "100000000000"], "--requests"),
+    (["--server-pid", "frontend=1"], "--server-pid"),  # only with --target
+    (["--target", "http://127.0.0.1:9", "--server-pid", "frontend"], "--server-pid"),
+    (["--target", "http://127.0.0.1:9", "--server-pid", "x=999999999"], "--server-pid"),
+    (["--stream-interval", "4097"], "--stream-interval"),
 ])
 def test_bad_input_exits_2_naming_it(args: list[str], named: str) -> None:
     code, out = run(*args)
@@ -76,6 +80,9 @@ def test_model_not_served(fake_url: str, tmp_path: Path) -> None:
 def test_parsers() -> None:
     assert parse_conc("32, 1,1") == [1, 32]
     (f,) = parse_faults(("engine-decode-0:kill@1500ms",))
+    import os
+
+    assert parse_server_pids((f"me={os.getpid()}",)) == {"me": os.getpid()}
     assert (f.process, f.kind, f.at_s) == ("engine-decode-0", "kill", 1.5)
 
 
