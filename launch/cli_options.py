@@ -7,7 +7,7 @@
 
 Every option defaults to None ("not given"), so that a flag overrides a value from
 `--topology FILE.toml` only when the user passed it; the real defaults live in one place
-(launch.topology, lab.serve.settings.SocketSettings) and are shown in --help from there.
+(launch.topology, lab.shared.settings.SocketSettings) and are shown in --help from there.
 """
 
 from __future__ import annotations
@@ -19,9 +19,14 @@ from typing import Any
 
 import click
 
-from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
-from lab.serve.switches import ON_OFF, is_on, on_off
+from lab.shared.settings import (
+    DEFAULT_MIGRATION_LIMIT,
+    DEFAULT_MODEL,
+    DEFAULT_ROUTER,
+    ROUTERS,
+    SocketSettings,
+)
+from lab.shared.switches import ON_OFF, is_on, on_off
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.topology import (
@@ -230,7 +235,7 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
         spec.sockets = dataclasses.replace(spec.sockets, **sockets)
 
     if opts["tokenizer"] is not None:
-        from lab.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
+        from lab.shared.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
 
         try:
             load_hf(opts["tokenizer"])  # a file that does not load fails here, not at launch

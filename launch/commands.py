@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.serve.switches import on_off
+from lab.shared.switches import on_off
 from launch.topology import FleetSpec, TopologySpec
 
 LISTEN_HOST = "127.0.0.1"

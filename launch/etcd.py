@@ -153,7 +153,7 @@ class LocalEtcd:
         raise last
 
     async def _spawn_and_wait(self, binary: str) -> None:
-        from launch.pdeath import make_preexec
+        from lab.shared.pdeath import make_preexec
 
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(

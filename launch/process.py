@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.shared.pdeath import make_preexec
 from lab.wire.ready import parse_ready
-from launch.pdeath import make_preexec
 
 # States a process goes through. "exited": down and not coming back (policy);
 # "backoff": waiting to be restarted; "stopped": ended by teardown.

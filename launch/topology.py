@@ -2,7 +2,7 @@
 
 A TopologySpec comes from flags (launch.cli_options.spec_from_options), from a TOML file
 (TopologySpec.from_toml) or from code (TopologySpec.aggregated / .disaggregated). Every default
-is defined once: here for the launcher's own settings, in lab.serve.settings for the serving
+is defined once: here for the launcher's own settings, in lab.shared.settings for the serving
 path (model name, socket settings).
 
 TOML layout (every key optional):
@@ -14,7 +14,7 @@ TOML layout (every key optional):
     discovery = "file:/tmp/disc"  # default file:<run_dir>/discovery; also etcd://H:P, etcd
     ready_timeout_s = 60
     grace_s = 10
-    migration_limit = 1           # lab.serve.settings.DEFAULT_MIGRATION_LIMIT; 0 = never
+    migration_limit = 1           # lab.shared.settings.DEFAULT_MIGRATION_LIMIT; 0 = never
     enforce_disagg = false
     tokenizer = "/path/to/model"  # the frontend tokenizes with this HuggingFace tokenizer.json
     # fleet defaults (apply to every [[fleet]] that does not set them)
@@ -28,7 +28,7 @@ TOML layout (every key optional):
     extra_sidecar_args = []       # appended to `lab sidecar`, e.g. ["--grace-period", "1"]
     extra_frontend_args = []      # appended to `lab frontend`
 
-    [sockets]                     # lab.serve.settings.SocketSettings
+    [sockets]                     # lab.shared.settings.SocketSettings
     client_nodelay = true
     server_nodelay = true
     split_writes = false
@@ -61,8 +61,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, ROLES, SocketSettings
+from lab.shared.settings import (
+    DEFAULT_MIGRATION_LIMIT,
+    DEFAULT_MODEL,
+    DEFAULT_ROUTER,
+    ROLES,
+    ROUTERS,
+    SocketSettings,
+)
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.linkshape import KEYS as LINK_KEYS
@@ -389,7 +395,7 @@ def _validate_topology(
     _check_bool(spec.enforce_disagg, ("enforce_disagg",), loc)
     if spec.tokenizer is not None:
         _check_str(spec.tokenizer, ("tokenizer",), loc)
-        from lab.hf_tokenizer import TokenizerFileError, tokenizer_json
+        from lab.shared.hf_tokenizer import TokenizerFileError, tokenizer_json
 
         try:
             tokenizer_json(spec.tokenizer)

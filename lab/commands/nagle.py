@@ -38,7 +38,7 @@ from lab.commands.nagle_report import reanalyse, write_config, write_outputs
 from lab.commands.nagle_run import launched_or_fail, progress, run_external
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.workload import WorkloadSpec
-from lab.serve.settings import DEFAULT_MODEL
+from lab.shared.settings import DEFAULT_MODEL
 from launch.topology import DEFAULT_SPEEDUP
 
 

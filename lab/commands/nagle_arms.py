@@ -12,7 +12,7 @@ import click
 
 from lab.analysis.nagle import DEFAULT_THRESHOLD_MS
 from lab.load.workload import LAB_PROMPT_KIND, WorkloadSpec
-from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from lab.shared.settings import DEFAULT_MODEL, SocketSettings
 from launch.topology import DEFAULT_SPEEDUP
 
 DEFAULT_REQUESTS = 200

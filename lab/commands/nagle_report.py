@@ -20,7 +20,7 @@ from lab.analysis.nagle import MIN_SAMPLES, ArmResult, arm_results
 from lab.analysis.nagle_verdict import Verdict, external_verdict, launched_verdict
 from lab.commands.nagle_arms import SINGLE, Arm, ProbeOptions
 from lab.load.workload import endpoint_path
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 
 
 def samples_from_records(records: list[dict]) -> dict[str, dict[int, list[float]]]:

@@ -37,7 +37,7 @@ def workload_from_options(kw: dict, *, target: str | None) -> WorkloadSpec:
     message naming the option (shared by `lab sweep` and `lab nagle`)."""
     tokenizer = kw.get("tokenizer")
     if tokenizer is not None:
-        from lab.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
+        from lab.shared.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
 
         try:
             load_hf(tokenizer)

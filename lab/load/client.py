@@ -432,7 +432,7 @@ def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options
            proc: int, next_index: Any, done: Any, errors: Any, conn: Any, parent: int) -> None:
     import uvloop
 
-    from launch.pdeath import die_with_parent
+    from lab.shared.pdeath import die_with_parent
 
     die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
     shared = _Shared(next_index, done, errors)

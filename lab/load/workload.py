@@ -134,7 +134,7 @@ class Prompts:
     @property
     def tokenizer(self) -> Any:
         if self._tok is None and self.spec.tokenizer is not None:
-            from lab.hf_tokenizer import load_hf
+            from lab.shared.hf_tokenizer import load_hf
 
             self._tok = load_hf(self.spec.tokenizer)
         return self._tok

@@ -12,8 +12,9 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-ROUTERS = ("round-robin", "least-loaded", "random")
-DEFAULT_ROUTER = "round-robin"
+from lab.shared.settings import DEFAULT_ROUTER, ROUTERS
+
+__all__ = ["DEFAULT_ROUTER", "ROUTERS", "Router", "make_router", "published_load"]
 
 
 class Candidate(Protocol):

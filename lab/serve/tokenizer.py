@@ -13,8 +13,9 @@ N tokens, which is what a load lab wants:
   rejected by the frontend (400 naming `stop`).
 
 `HFTokenizer` loads a HuggingFace `tokenizer.json` with the `tokenizers` package (imported only
-when used) through `lab.hf_tokenizer`, the loader the workload uses too, so `lab up --tokenizer
-DIR` and `lab sweep --tokenizer DIR` count prompt tokens the same way (add_special_tokens=False).
+when used) through `lab.shared.hf_tokenizer`, the loader the workload uses too, so
+`lab up --tokenizer DIR` and `lab sweep --tokenizer DIR` count prompt tokens the same way
+(add_special_tokens=False).
 Its stop strings map when they encode to exactly one token. A stream
 decodes each chunk on its own, so a tokenizer whose decoder joins pieces across tokens (byte-level
 BPE splitting a character over two chunks) may render a chunk boundary differently from a
@@ -112,7 +113,7 @@ class HFTokenizer:
     client would not count as a token)."""
 
     def __init__(self, path: str | Path) -> None:
-        from lab.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
+        from lab.shared.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
 
         try:
             self._tok = load_hf(path)

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 from launch.stack import Stack
 from launch.topology import TopologySpec
 

@@ -20,7 +20,7 @@ from lab.commands.nagle_arms import (
     parse_gaps,
 )
 from lab.commands.nagle_report import write_outputs
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 
 
 def test_launched_arms_each_change_what_their_name_says() -> None:

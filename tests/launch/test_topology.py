@@ -9,7 +9,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 from launch.cli import up
 from launch.cli_options import spec_from_options, topology_options
 from launch.errors import TopologyError

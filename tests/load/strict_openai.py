@@ -25,7 +25,7 @@ import sys
 import orjson
 from aiohttp import web
 
-from lab.hf_tokenizer import load_hf
+from lab.shared.hf_tokenizer import load_hf
 
 TEMPLATE = "<|user|>\n{content}\n<|assistant|>\n"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.hf_tokenizer import TokenizerFileError, load_hf
 from lab.load.corpus import exact_text, words_text
 from lab.load.workload import RequestSet, WorkloadSpec, build_requests
+from lab.shared.hf_tokenizer import TokenizerFileError, load_hf
 from tests.load.small_tokenizer import make_tokenizer
 
 

@@ -20,7 +20,7 @@ from lab.serve.discovery.base import Registry, WorkerRecord
 from lab.serve.request_plane import FrameType, error_end
 from lab.serve.request_plane.api import PlaneClient, PlaneStream
 from lab.serve.request_plane.payloads import ChunkPayload, EndPayload, Usage, end_payload
-from lab.serve.settings import DEFAULT_MODEL, SocketSettings
+from lab.shared.settings import DEFAULT_MODEL, SocketSettings
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
 #: (frame type, payload): the payload one of the request-plane TypedDicts (plain dicts at run time)

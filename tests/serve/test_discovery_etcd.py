@@ -221,7 +221,7 @@ async def test_sigkilled_registrant_disappears_when_its_lease_expires(
 @needs_etcd
 async def test_frontend_follows_a_worker_that_moves(etcd: LocalEtcd) -> None:
     from lab.serve.frontend.workers import WorkerSet
-    from lab.serve.settings import SocketSettings
+    from lab.shared.settings import SocketSettings
 
     class FakeClient:
         def __init__(self, address: str, settings: SocketSettings) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.server import FrontendServer, running
-from lab.serve.settings import SocketSettings
 from lab.serve.tokenizer import word_token_id
+from lab.shared.settings import SocketSettings
 from tests.serve.fakes import FakeFleet, FakeWorker, error_behavior, stall_behavior
 from tests.waiting import wait_for
 

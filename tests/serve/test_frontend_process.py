@@ -22,7 +22,7 @@ from lab.serve.discovery import WorkerRecord
 from lab.serve.discovery.file_store import FileRegistry
 from lab.serve.frontend.cli import frontend as frontend_cmd
 from lab.serve.request_plane import RequestPlaneServer, StreamSink
-from lab.serve.settings import DiscoveryTiming
+from lab.shared.settings import DiscoveryTiming
 
 LAB = ["python", "-c", "from lab.cli import main; main()"]
 MODEL = "mocker-model"

@@ -215,7 +215,7 @@ def test_a_lagging_consumer_still_gets_one_event_per_chunk() -> None:
 
     from lab.serve.frontend.dispatch import Dispatcher
     from lab.serve.request_plane import RequestPlaneClient, StreamSink
-    from lab.serve.settings import SocketSettings
+    from lab.shared.settings import SocketSettings
     from tests.serve.test_request_plane import ok_end, start_server
 
     async def handler(request: dict, sink: StreamSink) -> None:

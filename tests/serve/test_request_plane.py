@@ -29,7 +29,7 @@ from lab.serve.request_plane.frames import (
     encode_frame,
 )
 from lab.serve.request_plane.sockets import get_nodelay
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
 

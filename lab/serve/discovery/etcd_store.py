@@ -38,7 +38,7 @@ import aiohttp
 import orjson
 
 from lab.serve.discovery.base import Registry, WorkerRecord
-from lab.serve.settings import DiscoveryTiming
+from lab.shared.settings import DiscoveryTiming
 
 log = logging.getLogger("lab.discovery.etcd")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from lab.serve.discovery.base import Registry, WorkerRecord
-from lab.serve.settings import DiscoveryTiming
+from lab.shared.settings import DiscoveryTiming
 
 _SUFFIX = ".json"
 

@@ -17,15 +17,16 @@ from lab.serve.frontend.config import (
     DEFAULT_SHUTDOWN_GRACE_S,
     FrontendConfig,
 )
-from lab.serve.router import DEFAULT_ROUTER, ROUTERS
-from lab.serve.settings import (
+from lab.shared.settings import (
     DEFAULT_MIGRATION_LIMIT,
     DEFAULT_MODEL,
+    DEFAULT_ROUTER,
     ROLES,
+    ROUTERS,
     DiscoveryTiming,
     SocketSettings,
 )
-from lab.serve.switches import ON_OFF, is_on, on_off
+from lab.shared.switches import ON_OFF, is_on, on_off
 from lab.wire.address import split_address
 from lab.wire.ready import format_ready
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.serve.router import DEFAULT_ROUTER
-from lab.serve.settings import DEFAULT_MIGRATION_LIMIT, DEFAULT_MODEL, SocketSettings
+from lab.shared.settings import (
+    DEFAULT_MIGRATION_LIMIT,
+    DEFAULT_MODEL,
+    DEFAULT_ROUTER,
+    SocketSettings,
+)
 
 # Largest accepted request body; larger ones get 413.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024

@@ -19,7 +19,7 @@ from lab.serve.discovery import Registry, WorkerRecord
 from lab.serve.frontend.config import WORKER_BACKOFF_S
 from lab.serve.request_plane.api import ClientFactory, PlaneClient
 from lab.serve.router import Router
-from lab.serve.settings import ROLES, SocketSettings
+from lab.shared.settings import ROLES, SocketSettings
 
 log = logging.getLogger("lab.frontend.workers")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 
 
 class PlaneStream(Protocol):

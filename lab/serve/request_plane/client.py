@@ -22,7 +22,7 @@ from lab.serve.request_plane.frames import (
 )
 from lab.serve.request_plane.payloads import EndPayload
 from lab.serve.request_plane.sockets import FramedConnection, set_nodelay
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 from lab.wire.address import split_address
 
 CONNECT_TIMEOUT_S = 5.0

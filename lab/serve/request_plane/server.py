@@ -18,7 +18,7 @@ import orjson
 from lab.serve.request_plane.frames import HEADER, FrameType, error_end
 from lab.serve.request_plane.payloads import EndPayload
 from lab.serve.request_plane.sockets import FramedConnection, set_nodelay
-from lab.serve.settings import SocketSettings
+from lab.shared.settings import SocketSettings
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from lab.serve.settings import (
+from lab.shared.settings import (
     DEFAULT_GRPC_CLIENT,
     GRPC_CLIENTS,
     DiscoveryTiming,
     SidecarTiming,
     SocketSettings,
 )
-from lab.serve.switches import ON_OFF, is_on, on_off
+from lab.shared.switches import ON_OFF, is_on, on_off
 
 
 def _address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from lab.serve.settings import DEFAULT_GRPC_CLIENT, DEFAULT_MODEL
 from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
+from lab.shared.settings import DEFAULT_GRPC_CLIENT, DEFAULT_MODEL
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
 from lab.wire.gen.openengine.v1 import (
     lifecycle_pb2,

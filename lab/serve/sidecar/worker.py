@@ -15,12 +15,6 @@ from google.protobuf import json_format
 
 from lab.serve.discovery import Registry, WorkerRecord, open_registry
 from lab.serve.request_plane import RequestPlaneServer, StreamSink, error_end
-from lab.serve.settings import (
-    DEFAULT_GRPC_CLIENT,
-    DiscoveryTiming,
-    SidecarTiming,
-    SocketSettings,
-)
 from lab.serve.sidecar.convert import (
     EngineFacts,
     ProtocolError,
@@ -33,6 +27,12 @@ from lab.serve.sidecar.convert import (
 from lab.serve.sidecar.engine import EngineInfo, EngineLink, StartupError
 from lab.serve.sidecar.liveness import EngineLoss, LoadMonitor, watch_liveness
 from lab.serve.sidecar.progress import Progress, StallCheck, probe_engine
+from lab.shared.settings import (
+    DEFAULT_GRPC_CLIENT,
+    DiscoveryTiming,
+    SidecarTiming,
+    SocketSettings,
+)
 from lab.wire.ready import format_ready
 
 log = logging.getLogger("lab.sidecar")

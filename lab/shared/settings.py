@@ -10,8 +10,10 @@ __all__ = [
     "DEFAULT_GRPC_CLIENT",
     "DEFAULT_MIGRATION_LIMIT",
     "DEFAULT_MODEL",
+    "DEFAULT_ROUTER",
     "GRPC_CLIENTS",
     "ROLES",
+    "ROUTERS",
     "DiscoveryTiming",
     "SidecarTiming",
     "SocketSettings",
@@ -22,6 +24,10 @@ __all__ = [
 #: the reference). Control RPCs and the liveness watch always use grpc.aio.
 GRPC_CLIENTS = ("h2", "aio")
 DEFAULT_GRPC_CLIENT = "h2"
+
+#: The frontend's worker-selection policies by CLI name (lab.serve.router.make_router).
+ROUTERS = ("round-robin", "least-loaded", "random")
+DEFAULT_ROUTER = "round-robin"
 
 # Times a request whose worker failed mid-stream (retryable error, broken stream, a stalled
 # engine) moves to another worker, continuing from the tokens already sent. One by default: a
