@@ -26,7 +26,6 @@ import signal
 import socket
 import time
 from pathlib import Path
-from types import TracebackType
 
 import aiohttp
 
@@ -235,10 +234,5 @@ class LocalEtcd:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()

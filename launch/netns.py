@@ -489,20 +489,18 @@ def find_leftovers(include_live: bool = False) -> Leftovers:
     live = set() if include_live else _live_runs()
     found = Leftovers()
     runs: set[str] = set()
-    for entry in _ip_json("netns", "list"):
-        name = entry.get("name", "")
-        run = _run_of_netns(name)
-        if name.startswith(PREFIX) and (run is None or run not in live):
-            found.namespaces.append(name)
-            if run:
-                runs.add(run)
-    for link in _ip_json("link", "show"):
-        name = link.get("ifname", "")
-        run = _run_of_link(name)
-        if name.startswith(PREFIX) and (run is None or run not in live):
-            found.links.append(name)
-            if run:
-                runs.add(run)
+    listings = (
+        (_ip_json("netns", "list"), "name", _run_of_netns, found.namespaces),
+        (_ip_json("link", "show"), "ifname", _run_of_link, found.links),
+    )
+    for entries, key, run_of, into in listings:
+        for entry in entries:
+            name = entry.get(key, "")
+            run = run_of(name)
+            if name.startswith(PREFIX) and (run is None or run not in live):
+                into.append(name)
+                if run:
+                    runs.add(run)
     if STATE_DIR.is_dir():
         for path in STATE_DIR.glob("*.json"):
             if path.stem not in live:

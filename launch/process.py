@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,43 +46,42 @@ class ProcessView:
         return asdict(self)
 
 
+@dataclass(eq=False)  # identity semantics: processes are kept in sets and dicts
 class ManagedProcess:
-    def __init__(
-        self,
-        name: str,
-        role: str,
-        fleet_role: str | None,
-        policy: str,
-        argv_fn: Callable[[ManagedProcess], list[str]],
-        log_path: Path,
-        env: dict[str, str],
-    ) -> None:
-        self.name = name
-        self.role = role
-        self.fleet_role = fleet_role
-        self.policy = policy
-        self.argv_fn = argv_fn
-        self.log_path = log_path
-        self.env = env
-        self.popen: subprocess.Popen | None = None
-        self.state = "pending"
-        self.address: str | None = None
-        self.admin_address: str | None = None  # engine: its fault-injection service (ready line)
-        self.instance_id: str | None = None
-        self.restarts = 0
-        self.starts = 0
-        self.exit_code: int | None = None
-        self.exit_seen = True  # no process yet
-        self.restart_requested = False
-        self.started_mono = 0.0
-        self.create_time: float | None = None
-        self.log_offset = 0
-        self.detail = "not started"  # why it is not ready yet (for the not-ready error)
-        self.partner: ManagedProcess | None = None  # a sidecar's engine
-        self.last_address: str | None = None  # address of the last incarnation that was ready
-        self.reuse_port = 0  # engine: port to ask for at the next start (0 = any)
-        self.engine_address: str | None = None  # sidecar: the --engine of this incarnation
-        self.host: str | None = None  # topology host (network namespace); None = root
+    """One supervised process and what the launcher knows of it across its restarts."""
+
+    name: str
+    role: str
+    fleet_role: str | None
+    policy: str
+    argv_fn: Callable[[ManagedProcess], list[str]]
+    log_path: Path
+    env: dict[str, str]
+    popen: subprocess.Popen | None = field(default=None, init=False)
+    state: str = field(default="pending", init=False)
+    address: str | None = field(default=None, init=False)
+    #: engine: its fault-injection service (from the ready line)
+    admin_address: str | None = field(default=None, init=False)
+    instance_id: str | None = field(default=None, init=False)
+    restarts: int = field(default=0, init=False)
+    starts: int = field(default=0, init=False)
+    exit_code: int | None = field(default=None, init=False)
+    exit_seen: bool = field(default=True, init=False)  # no process yet
+    restart_requested: bool = field(default=False, init=False)
+    started_mono: float = field(default=0.0, init=False)
+    create_time: float | None = field(default=None, init=False)
+    log_offset: int = field(default=0, init=False)
+    #: why it is not ready yet (for the not-ready error)
+    detail: str = field(default="not started", init=False)
+    partner: ManagedProcess | None = field(default=None, init=False)  # a sidecar's engine
+    #: address of the last incarnation that was ready
+    last_address: str | None = field(default=None, init=False)
+    #: engine: port to ask for at the next start (0 = any)
+    reuse_port: int = field(default=0, init=False)
+    #: sidecar: the --engine of this incarnation
+    engine_address: str | None = field(default=None, init=False)
+    #: topology host (network namespace); None = root
+    host: str | None = field(default=None, init=False)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

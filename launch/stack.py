@@ -22,7 +22,6 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from launch.commands import Programs
@@ -149,12 +148,7 @@ class Stack:
         self._save_state()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self._shutdown(failed=False)
 
     # -- internals ------------------------------------------------------------------------------

@@ -100,36 +100,31 @@ class Supervisor:
         }
         spec = self.spec
         place = self.placement
-        counters: dict[str, int] = {}
-        for fleet in spec.fleets:
-            for _ in range(fleet.count):
-                index = counters.get(fleet.role, 0)
-                counters[fleet.role] = index + 1
-                suffix = f"{index}" if fleet.role == "aggregated" else f"{fleet.role}-{index}"
-                engine_name, sidecar_name = f"engine-{suffix}", f"sidecar-{suffix}"
+        for fleet, suffix in spec.workers():
+            engine_name, sidecar_name = f"engine-{suffix}", f"sidecar-{suffix}"
 
-                def make_engine_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
-                    proc.instance_id = new_instance_id(proc.name)
-                    return place.prefix(fleet.host) + engine_argv(
-                        self.programs, spec, fleet, proc.instance_id, port=proc.reuse_port,
-                        host=place.bind_address(fleet.host))
+            def make_engine_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
+                proc.instance_id = new_instance_id(proc.name)
+                return place.prefix(fleet.host) + engine_argv(
+                    self.programs, spec, fleet, proc.instance_id, port=proc.reuse_port,
+                    host=place.bind_address(fleet.host))
 
-                def make_sidecar_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
-                    assert proc.partner is not None and proc.partner.last_address is not None
-                    proc.engine_address = proc.partner.last_address
-                    return place.prefix(fleet.host) + sidecar_argv(
-                        self.programs, spec, fleet, proc.engine_address, self.discovery,
-                        proc.name, host=place.bind_address(fleet.host, reachable_from_hosts=True))
+            def make_sidecar_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
+                assert proc.partner is not None and proc.partner.last_address is not None
+                proc.engine_address = proc.partner.last_address
+                return place.prefix(fleet.host) + sidecar_argv(
+                    self.programs, spec, fleet, proc.engine_address, self.discovery,
+                    proc.name, host=place.bind_address(fleet.host, reachable_from_hosts=True))
 
-                engine = ManagedProcess(engine_name, "engine", fleet.role, fleet.restart_engine,
-                                        make_engine_argv, logs / f"{engine_name}.log", env)
-                sidecar = ManagedProcess(sidecar_name, "sidecar", fleet.role,
-                                         fleet.restart_sidecar, make_sidecar_argv,
-                                         logs / f"{sidecar_name}.log", env)
-                sidecar.partner = engine
-                engine.host = sidecar.host = fleet.host
-                self.engines.append(engine)
-                self.sidecars.append(sidecar)
+            engine = ManagedProcess(engine_name, "engine", fleet.role, fleet.restart_engine,
+                                    make_engine_argv, logs / f"{engine_name}.log", env)
+            sidecar = ManagedProcess(sidecar_name, "sidecar", fleet.role,
+                                     fleet.restart_sidecar, make_sidecar_argv,
+                                     logs / f"{sidecar_name}.log", env)
+            sidecar.partner = engine
+            engine.host = sidecar.host = fleet.host
+            self.engines.append(engine)
+            self.sidecars.append(sidecar)
         self.frontend = ManagedProcess(
             "frontend", "frontend", None, "never",
             lambda proc: place.prefix(spec.frontend_host) + frontend_argv(

@@ -54,13 +54,13 @@ TOML layout (every key optional):
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.shared.json_arg import read_json_object
 from lab.shared.settings import (
     DEFAULT_MIGRATION_LIMIT,
     DEFAULT_MODEL,
@@ -202,6 +202,19 @@ class TopologySpec:
             counts[fleet.role] = counts.get(fleet.role, 0) + fleet.count
         return counts
 
+    def workers(self) -> list[tuple[FleetSpec, str]]:
+        """Every worker with the suffix of its process names (engine-<suffix>, sidecar-<suffix>):
+        "0", "1", ... for aggregated workers, "prefill-0", "decode-0", ... for the others."""
+        counters: dict[str, int] = {}
+        out: list[tuple[FleetSpec, str]] = []
+        for fleet in self.fleets:
+            for _ in range(fleet.count):
+                index = counters.get(fleet.role, 0)
+                counters[fleet.role] = index + 1
+                out.append((fleet, f"{index}" if fleet.role == "aggregated"
+                            else f"{fleet.role}-{index}"))
+        return out
+
     def validate(self) -> None:
         """Raise TopologyError naming the first bad setting."""
         _validate_topology(self, _Locator(None, ""))
@@ -243,21 +256,10 @@ def parse_engine_args(value: str | dict[str, Any] | None, what: str = "--engine-
         return {}
     if isinstance(value, dict):
         return dict(value)
-    text = value.strip()
-    if not text.startswith("{"):
-        try:
-            text = Path(value).read_text()
-        except OSError as exc:
-            raise TopologyError(
-                f"{what} {value!r}: not JSON and not a readable file ({exc.strerror or exc})"
-            ) from exc
     try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TopologyError(f"{what} {value!r}: invalid JSON: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise TopologyError(f"{what} {value!r}: expected a JSON object")
-    return obj
+        return read_json_object(value, what)
+    except ValueError as exc:
+        raise TopologyError(str(exc)) from exc
 
 
 class _Locator:

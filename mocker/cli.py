@@ -9,7 +9,7 @@ import click
 
 from lab.wire.address import split_address
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
-from mocker.engine import EngineArgs, load_engine_args
+from mocker.engine import EngineArgs
 from mocker.server import config as sc
 
 _ENGINE_DEFAULTS = EngineArgs()
@@ -193,7 +193,7 @@ def serve(
     """Serve openengine.v1 Inference + Control and grpc.health.v1 (and, with --admin-listen,
     the fault-injection service on its own address)."""
     try:
-        args = load_engine_args(
+        args = sc.load_engine_args(
             engine_args, speedup_ratio=speedup_ratio, decode_speedup_ratio=decode_speedup_ratio
         )
     except (ValueError, TypeError) as exc:

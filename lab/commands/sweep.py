@@ -98,14 +98,9 @@ def parse_faults(values: tuple[str, ...]) -> list[FaultSpec]:
 def process_names(spec: Any) -> dict[str, str]:
     """name -> role of every process the launcher will start for `spec`."""
     names = {"frontend": "frontend"}
-    counters: dict[str, int] = {}
-    for fleet in spec.fleets:
-        for _ in range(fleet.count):
-            i = counters.get(fleet.role, 0)
-            counters[fleet.role] = i + 1
-            suffix = f"{i}" if fleet.role == "aggregated" else f"{fleet.role}-{i}"
-            names[f"engine-{suffix}"] = "engine"
-            names[f"sidecar-{suffix}"] = "sidecar"
+    for _, suffix in spec.workers():
+        names[f"engine-{suffix}"] = "engine"
+        names[f"sidecar-{suffix}"] = "sidecar"
     return names
 
 

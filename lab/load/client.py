@@ -453,6 +453,11 @@ def _split(concurrency: int, procs: int) -> list[int]:
     return [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
 
 
+#: How long a client process gets to exit (after its level, or after terminate()) before it
+#: is killed.
+CLIENT_JOIN_TIMEOUT_S = 5.0
+
+
 async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: int,
                      options: ClientOptions, progress: Callable[[Progress], None] | None
                      ) -> tuple[list[dict], list[dict]]:
@@ -505,10 +510,10 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
         for p, end in children:
             if not completed and p.is_alive():
                 p.terminate()  # interrupted (Ctrl-C, SIGTERM) or failed: the level is over
-            p.join(timeout=5)
+            p.join(timeout=CLIENT_JOIN_TIMEOUT_S)
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+                p.join(timeout=CLIENT_JOIN_TIMEOUT_S)
             end.close()
 
 

@@ -334,13 +334,18 @@ class Http1Connection(asyncio.Protocol):
 
     # ----- completion -----
 
-    def _complete(self, t: int) -> None:
+    def _detach(self) -> tuple[RawResponse | None, OnResponse | None]:
+        """End the current exchange: its response and callback, taken off the connection."""
         raw, cb = self.raw, self.on_response
         self.raw = self.on_response = None
         self._state = _IDLE
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        return raw, cb
+
+    def _complete(self, t: int) -> None:
+        raw, cb = self._detach()
         if raw is None or cb is None:
             return
         if self._body:
@@ -355,12 +360,7 @@ class Http1Connection(asyncio.Protocol):
         cb(self, raw, reusable)
 
     def _fail(self, kind: str, message: str) -> None:
-        raw, cb = self.raw, self.on_response
-        self.raw = self.on_response = None
-        self._state = _IDLE
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        raw, cb = self._detach()
         self.close()
         if raw is None or cb is None:
             return

@@ -27,13 +27,8 @@ HANDOFF_TRANSFER_BACKEND: Final = "transfer_backend"
 HANDOFF_ENDPOINTS: Final = "endpoints"
 HANDOFF_DP_RANK: Final = "dp_rank"
 HANDOFF_ATTRIBUTES: Final = "attributes"
-HANDOFF_KEYS: Final = (
-    HANDOFF_SESSION_ID,
-    HANDOFF_TRANSFER_BACKEND,
-    HANDOFF_ENDPOINTS,
-    HANDOFF_DP_RANK,
-    HANDOFF_ATTRIBUTES,
-)
+HANDOFF_KEYS: Final = (HANDOFF_SESSION_ID, HANDOFF_TRANSFER_BACKEND, HANDOFF_ENDPOINTS,
+                       HANDOFF_DP_RANK, HANDOFF_ATTRIBUTES)
 
 # --- The mocker's handoff stamps (docs/mocker.md "Handoff stamps and their validation") ------
 # Prefill stamps session_id = MOCKER_SESSION_PREFIX + uuid, transfer_backend "MOCKER", one
@@ -50,12 +45,8 @@ ATTR_TTFT_MS: Final = "mocker_ttft_ms"  # exactly MOCKER_TTFT_MS
 ATTR_FIRST_GEN_TOKENS: Final = "mocker_first_gen_tokens"  # [token id]
 ATTR_FIRST_GEN_LOG_PROBS: Final = "mocker_first_gen_log_probs"  # optional [finite logprob]
 MOCKER_TTFT_MS: Final = 12.5
-MOCKER_REQUIRED_ATTRIBUTES: Final = (
-    ATTR_REQUEST_ID,
-    ATTR_PROMPT_TOKENS,
-    ATTR_TTFT_MS,
-    ATTR_FIRST_GEN_TOKENS,
-)
+MOCKER_REQUIRED_ATTRIBUTES: Final = (ATTR_REQUEST_ID, ATTR_PROMPT_TOKENS, ATTR_TTFT_MS,
+                                     ATTR_FIRST_GEN_TOKENS)
 
 # --- grpc.health.v1 service names the mocker serves ----------------------------------------
 # (docs/engine-contract.md "Health service names")
@@ -65,13 +56,8 @@ HEALTH_INFERENCE: Final = "inference"
 INFERENCE_SERVICE: Final = "openengine.v1.Inference"
 CONTROL_SERVICE: Final = "openengine.v1.Control"
 ADMIN_SERVICE: Final = "loadlab.mocker.v1.Admin"
-HEALTH_SERVICES: Final = (
-    HEALTH_OVERALL,
-    HEALTH_LIVENESS,
-    HEALTH_INFERENCE,
-    INFERENCE_SERVICE,
-    CONTROL_SERVICE,
-)
+HEALTH_SERVICES: Final = (HEALTH_OVERALL, HEALTH_LIVENESS, HEALTH_INFERENCE, INFERENCE_SERVICE,
+                          CONTROL_SERVICE)
 
 
 # -- deployment-wide values shared by the engine and the serving path --------------------------

@@ -9,7 +9,7 @@ Pass `token_at=token_deriver(seed, request_id)` (one BLAKE3 per token, prefix pr
 it is the fastest form of `deterministic_token_id` and the hot path calls it once per token.
 """
 
-from .config import EngineArgs, load_engine_args
+from .config import EngineArgs
 from .scheduler import Burst, EngineMetrics, EngineRequest, PassResult, Scheduler, Signal
 from .sim import run_until_idle
 from .timing import kv_transfer_ms
@@ -31,7 +31,6 @@ __all__ = [
     "Signal",
     "deterministic_token_id",
     "kv_transfer_ms",
-    "load_engine_args",
     "run_until_idle",
     "stable_request_uuid",
     "synthetic_logprob",

@@ -8,10 +8,8 @@ transfer and 131072 KV bytes per token (32 layers x 2 x 8 KV heads x 128 head di
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, TypeGuard
 
 ENGINE_TYPES = ("trtllm", "vllm")
@@ -33,7 +31,8 @@ def _default_timing() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class EngineArgs:
-    """Scheduler, KV pool and timing parameters. Construct via `from_json`/`load_engine_args`
+    """Scheduler, KV pool and timing parameters. Construct via `from_json`
+    (`mocker.server.config.load_engine_args` reads one from a command line)
     to get validation and the per-engine block-size default; direct construction validates too."""
 
     engine_type: str = DEFAULT_ENGINE_TYPE
@@ -138,32 +137,3 @@ def _validate_timing(t: Any) -> None:
         p = t.get("path")
         if not isinstance(p, str) or not p:
             raise ValueError(f"timing.path must be a non-empty file path, got {p!r}")
-
-
-def load_engine_args(text_or_path: str | None, **overrides: Any) -> EngineArgs:
-    """Engine args from inline JSON (text starting with "{"), a JSON file path, or None/"".
-
-    Keyword overrides (e.g. speedup_ratio from the command line) win over the JSON. Errors
-    (bad JSON, missing file, unknown key, bad value) raise ValueError with a message naming
-    the problem.
-    """
-    obj: dict[str, Any] = {}
-    if text_or_path is not None and text_or_path.strip():
-        text = text_or_path.strip()
-        if text.startswith("{"):
-            source = "inline engine args"
-        else:
-            path = Path(text)
-            try:
-                text = path.read_text()
-            except OSError as exc:
-                raise ValueError(f"cannot read engine args file {str(path)!r}: {exc}") from exc
-            source = f"engine args file {str(path)!r}"
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source} is not valid JSON: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise ValueError(f"{source} must be a JSON object")
-    merged = {**obj, **{k: v for k, v in overrides.items() if v is not None}}
-    return EngineArgs.from_json(merged)

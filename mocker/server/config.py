@@ -7,7 +7,9 @@ the wire server's own (docs/mocker.md "Defaults").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from lab.shared.json_arg import read_json_object
 from lab.wire.constants import (
     DEFAULT_MODEL,
     DEFAULT_STREAM_INTERVAL,
@@ -49,6 +51,20 @@ KV_SCHEMA_VERSION = 1
 MAX_TOP_N = 20
 
 
+def load_engine_args(text_or_path: str | None, **overrides: Any) -> EngineArgs:
+    """Engine args from inline JSON (text starting with "{"), a JSON file path, or None/"".
+
+    Keyword overrides (e.g. speedup_ratio from the command line) win over the JSON; None means
+    not given. Every error (unreadable file, bad JSON, unknown key, bad value) is a ValueError
+    naming the problem.
+    """
+    obj: dict[str, Any] = {}
+    if text_or_path is not None and text_or_path.strip():
+        obj = read_json_object(text_or_path, "engine args")
+    merged = {**obj, **{k: v for k, v in overrides.items() if v is not None}}
+    return EngineArgs.from_json(merged)
+
+
 def default_instance_id(role: str) -> str:
     return f"dynamo-trtllm-mocker-{role}"
 
@@ -57,19 +73,32 @@ def default_instance_id(role: str) -> str:
 class ServerConfig:
     """Everything the server needs besides the engine args."""
 
+    #: aggregated, prefill (context-only legs, stamps a KV session) or decode (strict handoff).
     role: str = DEFAULT_ROLE
+    #: The name ModelInfo reports and requests must ask for.
     model: str = DEFAULT_MODEL
+    #: Seeds token ids, logprobs and session ids: one seed, one reproducible run.
     seed: int = DEFAULT_SEED
+    #: ModelInfo.context_length; longer prompts are refused.
     context_length: int = DEFAULT_CONTEXT_LENGTH
+    #: Generate streams admitted at once; one more is RESOURCE_EXHAUSTED.
     max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS
+    #: The KV endpoint a prefill worker stamps into its handoff.
     kv_host: str = DEFAULT_KV_HOST
     kv_port: int = DEFAULT_KV_PORT
+    #: ServerInfo.instance_id; empty = default_instance_id(role).
     instance_id: str = ""
+    #: Keep the last RECORDER_CAPACITY requests for the admin service to report.
     record_requests: bool = False
+    #: A stream whose consumer takes nothing for this long ends OVERLOADED (retryable).
     stall_timeout_s: float = STALL_TIMEOUT_S
+    #: On SIGTERM, in-flight requests get this long to finish.
     grace_s: float = GRACE_S
+    #: Tokens per TokenOutput (the last ones of a stream may be fewer).
     stream_interval: int = DEFAULT_STREAM_INTERVAL
+    #: GRPC_SERVERS: "h2" (lab.wire.h2grpc) or "aio" (grpc.aio).
     grpc_server: str = DEFAULT_GRPC_SERVER
+    #: The simulation's own settings (scheduler, KV pool, timing).
     engine: EngineArgs = field(default_factory=EngineArgs)
 
     def __post_init__(self) -> None:

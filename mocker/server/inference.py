@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import grpc
 
@@ -57,6 +58,25 @@ def add_inference(servicer: Inference, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers((handler,))
 
 
+#: The exits that end a stream with GenerationFinished, and its reason.
+_FINISH_REASONS = {
+    Exit.COMPLETED: generation_pb2.FINISH_REASON_LENGTH,
+    Exit.STOPPED: generation_pb2.FINISH_REASON_STOP,
+    Exit.ABORTED: generation_pb2.FINISH_REASON_CANCELLED,
+}
+
+
+def _internal_error_message(exit_: Exit, live: LiveRequest) -> str:
+    """The message of the non-retryable INTERNAL EngineError that ends a stream on `exit_`."""
+    if exit_ is Exit.REJECTED:
+        return CAPACITY_MESSAGE
+    if exit_ is Exit.FAILED:
+        return f"executor failure: {live.failure}"
+    if exit_ is Exit.MISSING_TOKEN:
+        return "the simulated engine produced an output without a token"
+    return "the simulated engine closed the request before it completed"
+
+
 class Inference(openengine_pb2_grpc.InferenceServicer):
     def __init__(self, state: ServerState) -> None:
         self._st = state
@@ -102,33 +122,15 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             total_tokens=prompt_len + streamed,
             cached_prompt_tokens=cached,
         )
-        finished = generation_pb2.GenerationFinished
-        if exit_ is Exit.COMPLETED:
-            return GenerateResponse(
-                request_id=rid,
-                finished=finished(output_index=0, reason=generation_pb2.FINISH_REASON_LENGTH),
-                usage=usage,
-            )
-        if exit_ is Exit.STOPPED:
-            return GenerateResponse(
-                request_id=rid,
-                finished=finished(
-                    output_index=0,
-                    reason=generation_pb2.FINISH_REASON_STOP,
-                    stop_match=generation_pb2.StopMatch(stop_token_id=stop_token),
-                ),
-                usage=usage,
-            )
-        if exit_ is Exit.ABORTED:
-            return GenerateResponse(
-                request_id=rid,
-                finished=finished(
-                    output_index=0,
-                    reason=generation_pb2.FINISH_REASON_CANCELLED,
-                    message="aborted",
-                ),
-                usage=usage,
-            )
+        reason = _FINISH_REASONS.get(exit_)
+        if reason is not None:
+            details: dict[str, Any] = {}
+            if exit_ is Exit.STOPPED:
+                details["stop_match"] = generation_pb2.StopMatch(stop_token_id=stop_token)
+            elif exit_ is Exit.ABORTED:
+                details["message"] = "aborted"
+            finished = generation_pb2.GenerationFinished(output_index=0, reason=reason, **details)
+            return GenerateResponse(request_id=rid, finished=finished, usage=usage)
         if exit_ is Exit.STALLED:
             error = EngineError(
                 code=error_pb2.ERROR_CODE_OVERLOADED,
@@ -138,28 +140,9 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 ),
                 retryable=True,
             )
-        elif exit_ is Exit.REJECTED:
-            error = EngineError(
-                code=error_pb2.ERROR_CODE_INTERNAL, message=CAPACITY_MESSAGE, retryable=False
-            )
-        elif exit_ is Exit.FAILED:
-            error = EngineError(
-                code=error_pb2.ERROR_CODE_INTERNAL,
-                message=f"executor failure: {live.failure}",
-                retryable=False,
-            )
-        elif exit_ is Exit.MISSING_TOKEN:
-            error = EngineError(
-                code=error_pb2.ERROR_CODE_INTERNAL,
-                message="the simulated engine produced an output without a token",
-                retryable=False,
-            )
         else:
-            error = EngineError(
-                code=error_pb2.ERROR_CODE_INTERNAL,
-                message="the simulated engine closed the request before it completed",
-                retryable=False,
-            )
+            error = EngineError(code=error_pb2.ERROR_CODE_INTERNAL,
+                                message=_internal_error_message(exit_, live), retryable=False)
         return GenerateResponse(request_id=rid, error=error)
 
     async def Generate(self, request, context):
@@ -194,7 +177,15 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             engine = st.loop
             kv_wait_s = 0.0
             replay_only = False
-            if handoff is None:
+            # A decode leg resumes after the prefill's first token, once its KV has arrived.
+            resume: dict[str, Any] = {}
+            if handoff is not None:
+                kv_ms = kv_transfer_ms(st.cfg.engine, len(prep.prompt))
+                kv_wait_s = kv_ms / 1000.0
+                replay_only = prep.max_tokens <= 1
+                resume = {"first_position": 1, "kv_transferred": True,
+                          "ready_at_ms": engine.now_ms() + kv_ms}
+            if not replay_only:
                 engine.submit(
                     live,
                     EngineRequest(
@@ -202,25 +193,9 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                         prompt=prep.prompt,
                         max_output_tokens=prep.max_tokens,
                         token_at=token_deriver(st.cfg.seed, rid),
+                        **resume,
                     ),
                 )
-            else:
-                kv_ms = kv_transfer_ms(st.cfg.engine, len(prep.prompt))
-                kv_wait_s = kv_ms / 1000.0
-                replay_only = prep.max_tokens <= 1
-                if not replay_only:
-                    engine.submit(
-                        live,
-                        EngineRequest(
-                            key=live.key,
-                            prompt=prep.prompt,
-                            max_output_tokens=prep.max_tokens,
-                            token_at=token_deriver(st.cfg.seed, rid),
-                            first_position=1,
-                            kv_transferred=True,
-                            ready_at_ms=engine.now_ms() + kv_ms,
-                        ),
-                    )
             st.recorder.record(request)
 
             loop = asyncio.get_running_loop()

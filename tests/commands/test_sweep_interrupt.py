@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from lab.load.client import CLIENT_JOIN_TIMEOUT_S
+
 
 def _wait_for_clients(proc: subprocess.Popen, timeout: float = 60.0) -> list[psutil.Process]:
     """The sweep's two client processes, once both run; fails with the sweep's own output if
@@ -45,8 +47,9 @@ def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_pa
         time.sleep(1.0)  # in the middle of the level
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
+        _, alive = psutil.wait_procs(clients, timeout=30)
+        clients_gone_s = time.monotonic() - t0
         _, stderr = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
@@ -54,10 +57,11 @@ def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_pa
     assert proc.returncode == 130, stderr[-2000:]
     assert "interrupted" in stderr
     assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr[-3000:]
-    assert elapsed < 4.0, f"took {elapsed:.1f} s to stop"  # not the 5 s join timeout
-    time.sleep(0.5)
-    alive = [c.pid for c in clients if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    assert [c.pid for c in alive] == []
+    # The clients are terminated at once: a client that ignored it would live until the
+    # 5 s join timeout ran out and it was killed. (Writing the partial run takes longer
+    # on a loaded machine, so only the clients' end is timed.)
+    assert clients_gone_s < CLIENT_JOIN_TIMEOUT_S - 0.5, f"clients lived {clients_gone_s:.1f} s"
 
 
 def test_a_sigkilled_sweep_takes_its_client_processes_with_it(spawn, tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mocker.engine import EngineArgs, load_engine_args
+from mocker.engine import EngineArgs
+from mocker.server.config import load_engine_args
 
 
 def test_defaults_match_the_reference_trtllm_engine() -> None:

@@ -69,6 +69,12 @@ class Trace:
     status: int = 200  # HTTP status sent (200 also for a stream that ended with an error event)
     outcome: str = "success"
 
+    def record_end(self, end: dict[str, Any]) -> None:
+        """Keep the outcome the request's END reports."""
+        self.finish = end.get("finish")
+        self.stop_reason = end.get("stop_reason")
+        self.usage = end.get("usage")
+
     def timing(self) -> dict[str, Any]:
         """nvext.timing (milliseconds; request_received_ms is wall-clock epoch ms)."""
         recv = self.received_ns
@@ -111,6 +117,18 @@ class _Retry(Exception):
         self.worker_id = worker_id
         self.error = error
         self.free = free  # nothing ran: does not count against the migration limit
+
+
+@dataclass(frozen=True)
+class _Leg:
+    """What every leg of one attempt at a request shares: the model override, the trace, where
+    its chunks go, and the workers it must not use."""
+
+    model: str | None
+    trace: Trace
+    on_chunk: OnChunk
+    on_chunk_now: OnChunkNow | None
+    exclude: set[str]
 
 
 class Dispatcher:
@@ -168,7 +186,7 @@ class Dispatcher:
         last: _Retry | None = None
         while True:
             try:
-                await self._once(payload, model, trace, sink, sink_now, exclude)
+                await self._once(payload, _Leg(model, trace, sink, sink_now, exclude))
                 return
             except ApiError as exc:
                 if last is not None and exc.code == "no_worker":
@@ -203,29 +221,20 @@ class Dispatcher:
             payload["min_tokens"] = max(0, req.min_tokens - len(generated))
         return payload
 
-    async def _once(
-        self,
-        payload: dict[str, Any],
-        model: str | None,
-        trace: Trace,
-        on_chunk: OnChunk,
-        on_chunk_now: OnChunkNow | None,
-        exclude: set[str],
-    ) -> None:
+    async def _once(self, payload: dict[str, Any], leg: _Leg) -> None:
         workers = self.workers
         # Disaggregated while a prefill worker is left to try (one that just failed this request
         # is excluded: the retry then goes aggregated, as when none is registered).
-        if workers.has_role("decode") and workers.any_available(PREFILL_ROLES, model, exclude):
-            end = await self._prefill(payload, model, trace, on_chunk, exclude)
+        if workers.has_role("decode") and workers.any_available(PREFILL_ROLES, leg.model,
+                                                                 leg.exclude):
+            end = await self._prefill(payload, leg)
             if end is None:
                 return
             usage = end.get("usage") or {}
             decode_payload = dict(payload)
             decode_payload["handoff"] = end["handoff"]
             decode_payload["prefill_cached_tokens"] = usage.get("cached_tokens")
-            await self._leg(
-                DECODE_ROLES, decode_payload, model, trace, on_chunk, on_chunk_now, exclude
-            )
+            await self._leg(DECODE_ROLES, decode_payload, leg)
             return
         if self.enforce_disagg:
             raise ApiError(
@@ -233,7 +242,7 @@ class Dispatcher:
                 "no prefill worker available and --enforce-disagg is set",
                 code="no_prefill_worker",
             )
-        await self._leg(AGGREGATED_ROLES, payload, model, trace, on_chunk, on_chunk_now, exclude)
+        await self._leg(AGGREGATED_ROLES, payload, leg)
 
     async def _open(
         self,
@@ -335,34 +344,19 @@ class Dispatcher:
             raise api
         return p
 
-    async def _leg(
-        self,
-        roles: tuple[str, ...],
-        payload: dict[str, Any],
-        model: str | None,
-        trace: Trace,
-        on_chunk: OnChunk,
-        on_chunk_now: OnChunkNow | None,
-        exclude: set[str],
-    ) -> None:
-        worker, stream = await self._open(roles, payload, model, exclude)
+    async def _leg(self, roles: tuple[str, ...], payload: dict[str, Any], leg: _Leg) -> None:
+        """An aggregated or decode leg: its chunks go to the client as they come."""
+        worker, stream = await self._open(roles, payload, leg.model, leg.exclude)
+        trace = leg.trace
         trace.decode_worker_id = worker.worker_id
         trace.dispatch_ns = time.perf_counter_ns()
-        end = await self._consume(worker, stream, on_chunk, None, on_chunk_now)
-        trace.finish = end.get("finish")
-        trace.stop_reason = end.get("stop_reason")
-        trace.usage = end.get("usage")
+        end = await self._consume(worker, stream, leg.on_chunk, None, leg.on_chunk_now)
+        trace.record_end(end)
 
-    async def _prefill(
-        self,
-        payload: dict[str, Any],
-        model: str | None,
-        trace: Trace,
-        on_chunk: OnChunk,
-        exclude: set[str],
-    ) -> dict[str, Any] | None:
+    async def _prefill(self, payload: dict[str, Any], leg: _Leg) -> dict[str, Any] | None:
         """The prefill leg: its END (with a handoff), or None when it finished the request."""
-        worker, stream = await self._open(PREFILL_ROLES, payload, model, exclude)
+        worker, stream = await self._open(PREFILL_ROLES, payload, leg.model, leg.exclude)
+        trace = leg.trace
         trace.prefill_worker_id = worker.worker_id
         trace.prefill_start_ns = time.perf_counter_ns()
         held: list[dict[str, Any]] = []
@@ -371,8 +365,6 @@ class Dispatcher:
         if end.get("handoff"):
             return end
         for p in held:
-            await on_chunk(p)
-        trace.finish = end.get("finish")
-        trace.stop_reason = end.get("stop_reason")
-        trace.usage = end.get("usage")
+            await leg.on_chunk(p)
+        trace.record_end(end)
         return None

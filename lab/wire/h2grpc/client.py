@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 import grpc.aio
@@ -398,7 +398,17 @@ class UnaryUnaryCall(_Call):
         return self._deser(raw) if self._deser is not None else raw
 
 
-class _MultiCallable:
+CallT = TypeVar("CallT", bound="_Call")
+Serializer = Callable[[Any], bytes] | None
+Deserializer = Callable[[bytes], Any] | None
+
+
+class _MultiCallable(Generic[CallT]):
+    """One method of the channel, called like grpc.aio's multi-callables; `call_class` says
+    whether a call yields a stream of responses or awaits one."""
+
+    call_class: type[CallT]
+
     def __init__(
         self,
         channel: H2GrpcChannel,
@@ -421,14 +431,15 @@ class _MultiCallable:
             ]
         )
 
-    def _start(
+    def __call__(
         self,
-        cls: type[_Call],
         request: Any,
-        timeout: float | None,
-        metadata: MetadataPairs | None,
-        wait_for_ready: bool | None,
-    ) -> Any:
+        *,
+        timeout: float | None = None,
+        metadata: MetadataPairs | None = None,
+        wait_for_ready: bool | None = None,
+        **_: Any,
+    ) -> CallT:
         block = self._block
         extra: list[tuple[bytes, bytes]] = []
         if timeout is not None:
@@ -438,36 +449,18 @@ class _MultiCallable:
         if extra:
             block += f.encode_headers(extra)
         payload = self._ser(request) if self._ser is not None else request
-        call = cls(self._channel, block, payload, self._deser, timeout)
+        call = self.call_class(self._channel, block, payload, self._deser, timeout)
         call._wait_for_ready = bool(wait_for_ready)
         self._channel._submit(call)
         return call
 
 
-class UnaryStreamMultiCallable(_MultiCallable):
-    def __call__(
-        self,
-        request: Any,
-        *,
-        timeout: float | None = None,
-        metadata: MetadataPairs | None = None,
-        wait_for_ready: bool | None = None,
-        **_: Any,
-    ) -> UnaryStreamCall:
-        return self._start(UnaryStreamCall, request, timeout, metadata, wait_for_ready)
+class UnaryStreamMultiCallable(_MultiCallable[UnaryStreamCall]):
+    call_class = UnaryStreamCall
 
 
-class UnaryUnaryMultiCallable(_MultiCallable):
-    def __call__(
-        self,
-        request: Any,
-        *,
-        timeout: float | None = None,
-        metadata: MetadataPairs | None = None,
-        wait_for_ready: bool | None = None,
-        **_: Any,
-    ) -> UnaryUnaryCall:
-        return self._start(UnaryUnaryCall, request, timeout, metadata, wait_for_ready)
+class UnaryUnaryMultiCallable(_MultiCallable[UnaryUnaryCall]):
+    call_class = UnaryUnaryCall
 
 
 class H2GrpcChannel:
@@ -498,22 +491,14 @@ class H2GrpcChannel:
             self._ev_loop = asyncio.get_running_loop()
         return self._ev_loop
 
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        **_: Any,
-    ) -> UnaryStreamMultiCallable:
+    def unary_stream(self, method: str, request_serializer: Serializer = None,
+                     response_deserializer: Deserializer = None, **_: Any
+                     ) -> UnaryStreamMultiCallable:
         return UnaryStreamMultiCallable(self, method, request_serializer, response_deserializer)
 
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Callable[[Any], bytes] | None = None,
-        response_deserializer: Callable[[bytes], Any] | None = None,
-        **_: Any,
-    ) -> UnaryUnaryMultiCallable:
+    def unary_unary(self, method: str, request_serializer: Serializer = None,
+                    response_deserializer: Deserializer = None, **_: Any
+                    ) -> UnaryUnaryMultiCallable:
         return UnaryUnaryMultiCallable(self, method, request_serializer, response_deserializer)
 
     # -- connection management ----------------------------------------------------------------
