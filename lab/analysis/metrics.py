@@ -14,10 +14,11 @@
 | error rate | failed / (succeeded + failed) |
 | goodput | requests meeting every given SLO / measured duration |
 
-Per-request values (ttft_ms, latency_ms, ...) have one definition, `lab.analysis.request_times`:
-the client applies it to its stamps when it writes a record (lab.load.sse), and
-`recompute_request_metrics` applies it to the ns columns, so a run can be re-analysed from
-requests.parquet alone.
+The client stores ns stamps; analysis derives every ms figure once. The per-request values
+(send_delay_ms, ttft_ms, ttst_ms, latency_ms, itl_ms) are derived from the ns columns by
+`lab.analysis.request_times.with_request_times`; the functions here read frames that went
+through it (`rundir.read_requests`, `request_times.requests_frame`), so a run is analysed
+from requests.parquet alone.
 
 Percentiles are exact: numpy's linear interpolation over all values.
 """
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.analysis.request_times import request_times_ms
+from lab.analysis.request_times import NS_PER_MS
 
 STATS = ("avg", "std", "min", "p50", "p90", "p95", "p99", "max")
 PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
@@ -67,31 +68,13 @@ def describe(values: Any) -> dict[str, float | None]:
     return out
 
 
-def recompute_request_metrics(df: pd.DataFrame) -> pd.DataFrame:
-    """Re-derive ttft/ttst/latency/itl (ms) from the ns columns (`request_times_ms`)."""
-    out = df.copy()
-    rows = [
-        request_times_ms(
-            0 if pd.isna(sent) else int(sent),
-            None if pd.isna(sent) else times,
-            None if pd.isna(toks) else int(toks),
-        )
-        for sent, times, toks in zip(
-            out["sent_ns"], out["chunk_times_ns"], out["output_tokens"], strict=True
-        )
-    ]
-    for column in ("ttft_ms", "latency_ms", "ttst_ms", "itl_ms"):
-        out[column] = pd.Series([r[column] for r in rows], index=out.index, dtype="float64")
-    return out
-
-
 def chunk_gaps_ms(df: pd.DataFrame) -> np.ndarray:
     """Every gap between consecutive content chunks, pooled over the rows' requests (ms)."""
     parts = [np.diff(np.asarray(t, dtype=np.int64)) for t in df["chunk_times_ns"]
              if t is not None and len(t) > 1]
     if not parts:
         return np.empty(0)
-    return np.concatenate(parts) / 1e6
+    return np.concatenate(parts) / NS_PER_MS
 
 
 def measured(df: pd.DataFrame) -> pd.DataFrame:
@@ -160,7 +143,8 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
 
 def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
                   client: dict | None = None, slos: SLOs | None = None) -> dict[str, Any]:
-    """One row of levels.csv from the requests of one level (one concurrency, one repeat)."""
+    """One row of levels.csv from the requests of one level (one concurrency, one repeat), with
+    the derived per-request figures (`with_request_times`)."""
     m = measured(df)
     ok_rows = m[m["ok"].astype(bool)]
     n_ok = len(ok_rows)

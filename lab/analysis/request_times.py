@@ -1,32 +1,70 @@
-"""The per-request time metrics, defined once (docs/metrics.md, "Definitions").
+"""The per-request time metrics, derived once (docs/metrics.md, "Definitions").
 
-The load client stores nanosecond stamps (`sent_ns` and every content chunk's arrival); every
-millisecond figure of a request is derived from them here, both when the client writes its
-record and when `lab report` re-derives a run from requests.parquet. Pure Python, no pandas:
-the client process imports it without the analysis stack.
+The client stores ns stamps; analysis derives every ms figure once. A request's record (and
+its row of requests.parquet) carries `perf_counter_ns` stamps and counts only: `scheduled_ns`,
+`sent_ns`, `first_ns` / `end_ns` (its first and last content chunk), `done_ns`, every content
+chunk's arrival (`chunk_times_ns`) and `output_tokens`. `with_request_times` turns such a frame,
+read from requests.parquet or built from the client's in-memory records (`requests_frame`), into
+the frame every consumer reads, with the millisecond columns of REQUEST_MS_COLUMNS. A frame that
+already has them (requests.parquet of older runs stored them) gets them re-derived.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
 
 NS_PER_MS = 1e6
 
+#: The per-request figures derived here, in milliseconds; never stored.
+REQUEST_MS_COLUMNS = ("send_delay_ms", "ttft_ms", "ttst_ms", "latency_ms", "itl_ms")
 
-def request_times_ms(
-    sent_ns: int, chunk_times_ns: Sequence[int] | None, output_tokens: int | None
-) -> dict[str, float | None]:
-    """TTFT, latency, TTST and ITL in milliseconds; None where a request has too few chunks.
 
-    TTFT = first content chunk - sent; latency = last content chunk - sent; TTST = second -
-    first content chunk; ITL = (latency - TTFT) / (output tokens - 1).
+def _ns(df: pd.DataFrame, column: str) -> pd.Series:
+    """A stamp column as float64 (NaN where absent); a frame without the column gets NaN."""
+    if column not in df:
+        return pd.Series(np.nan, index=df.index, dtype="float64")
+    return pd.to_numeric(df[column], errors="coerce").astype("float64")
+
+
+def _second_chunk_ns(df: pd.DataFrame) -> pd.Series:
+    """The arrival of each request's second content chunk (NaN with fewer than two)."""
+    if "chunk_times_ns" not in df:
+        return pd.Series(np.nan, index=df.index, dtype="float64")
+    return pd.Series([t[1] if isinstance(t, list | tuple | np.ndarray) and len(t) > 1 else np.nan
+                      for t in df["chunk_times_ns"]], index=df.index, dtype="float64")
+
+
+def with_request_times(requests: pd.DataFrame) -> pd.DataFrame:
+    """`requests` with the derived per-request figures (ms), replacing any stored ones.
+
+    send delay = sent - scheduled; TTFT = first content chunk - sent; latency = last content
+    chunk - sent; TTST = second - first content chunk; ITL = (latency - TTFT) / (output tokens
+    - 1), for more than one output token. NaN where a request lacks the stamps (no content
+    chunk, too few chunks or tokens).
     """
-    if chunk_times_ns is None or len(chunk_times_ns) == 0:
-        return {"ttft_ms": None, "latency_ms": None, "ttst_ms": None, "itl_ms": None}
-    first, last = chunk_times_ns[0], chunk_times_ns[-1]
-    ttft = (first - sent_ns) / NS_PER_MS
-    latency = (last - sent_ns) / NS_PER_MS
-    ttst = (chunk_times_ns[1] - first) / NS_PER_MS if len(chunk_times_ns) > 1 else None
-    toks = output_tokens or 0
-    itl = (latency - ttft) / (toks - 1) if toks > 1 else None
-    return {"ttft_ms": ttft, "latency_ms": latency, "ttst_ms": ttst, "itl_ms": itl}
+    sent = _ns(requests, "sent_ns")
+    first = _ns(requests, "first_ns")
+    ttft = (first - sent) / NS_PER_MS
+    latency = (_ns(requests, "end_ns") - sent) / NS_PER_MS
+    tokens = _ns(requests, "output_tokens")
+    derived = {
+        "send_delay_ms": (sent - _ns(requests, "scheduled_ns")) / NS_PER_MS,
+        "ttft_ms": ttft,
+        "ttst_ms": (_second_chunk_ns(requests) - first) / NS_PER_MS,
+        "latency_ms": latency,
+        "itl_ms": ((latency - ttft) / (tokens - 1)).where(tokens > 1),
+    }
+    return requests.assign(**derived)
+
+
+def requests_frame(records: Iterable[dict]) -> pd.DataFrame:
+    """The client's records (dicts of stamps and counts) as a frame with the derived figures."""
+    return with_request_times(pd.DataFrame.from_records(list(records)))
+
+
+def stored_columns(requests: pd.DataFrame) -> pd.DataFrame:
+    """`requests` without the derived figures: what a run directory keeps."""
+    return requests.drop(columns=[c for c in REQUEST_MS_COLUMNS if c in requests])

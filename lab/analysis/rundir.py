@@ -2,9 +2,11 @@
 directory").
 
     config.json       every setting (written by the launcher; the sweep adds its section)
-    requests.parquet  one row per request (REQUEST_SCHEMA), rewritten atomically after each level
+    requests.parquet  one row per request (REQUEST_SCHEMA: ns stamps and counts, no millisecond
+                      figure), rewritten atomically after each level
     levels.csv/json   one row per level (lab.analysis.metrics)
-    client.json       client-health figures per level (CPU, loop lag: not derivable from requests)
+    client.json       client-health figures per level (CPU, loop lag: not derivable from requests;
+                      lab.analysis.client_health)
     procs.parquet     per-process CPU/RSS samples (the launcher's sampler)
     events.jsonl      launcher events (faults, exits, restarts, registrations)
     plots/*.png, report.md, logs/*.log
@@ -21,6 +23,8 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from lab.analysis.request_times import with_request_times
 
 REQUESTS = "requests.parquet"
 LEVELS_CSV = "levels.csv"
@@ -47,11 +51,6 @@ REQUEST_SCHEMA = pa.schema([
     ("first_ns", pa.int64()),
     ("end_ns", pa.int64()),
     ("done_ns", pa.int64()),
-    ("send_delay_ms", pa.float64()),
-    ("ttft_ms", pa.float64()),
-    ("ttst_ms", pa.float64()),
-    ("latency_ms", pa.float64()),
-    ("itl_ms", pa.float64()),
     ("isl_requested", pa.int64()),
     ("osl_requested", pa.int64()),
     ("input_tokens", pa.int64()),
@@ -102,7 +101,9 @@ class RequestsWriter:
 
 
 def read_requests(run_dir: Path) -> pd.DataFrame:
-    return pd.read_parquet(Path(run_dir) / REQUESTS)
+    """requests.parquet with the derived per-request figures (`with_request_times`); the
+    millisecond columns an older run directory stored are re-derived, not read."""
+    return with_request_times(pd.read_parquet(Path(run_dir) / REQUESTS))
 
 
 def read_procs(run_dir: Path) -> pd.DataFrame | None:

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,14 +22,23 @@ from lab.commands.nagle_arms import SINGLE, Arm, ProbeOptions
 from lab.load.workload import endpoint_path
 from lab.shared.settings import SocketSettings
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def samples_from_records(records: list[dict]) -> dict[str, dict[int, list[float]]]:
-    """arm -> level -> TTFT ms of the successful, non-warm-up requests (in arm order)."""
+
+def samples_of(requests: pd.DataFrame) -> dict[str, dict[int, list[float]]]:
+    """arm -> level -> TTFT ms of the successful, non-warm-up requests (in arm order), from the
+    requests with the derived figures (`requests_frame`)."""
+    import pandas as pd
+
     out: dict[str, dict[int, list[float]]] = {}
-    for r in records:
-        lv = out.setdefault(r["arm"], {}).setdefault(int(r["level"]), [])
-        if r.get("ok") and not r.get("warmup") and r.get("ttft_ms") is not None:
-            lv.append(float(r["ttft_ms"]))
+    if requests.empty:
+        return out
+    for arm, level, ok, warmup, ttft in zip(requests["arm"], requests["level"], requests["ok"],
+                                            requests["warmup"], requests["ttft_ms"], strict=True):
+        lv = out.setdefault(arm, {}).setdefault(int(level), [])
+        if ok and not warmup and not pd.isna(ttft):
+            lv.append(float(ttft))
     return out
 
 
@@ -56,7 +65,7 @@ def stats_table(arms: dict[str, ArmResult], errors: dict[tuple[str, int], int]) 
 
 
 def analyse(
-    records: list[dict],
+    requests: pd.DataFrame,
     arms: list[Arm],
     *,
     threshold_ms: float,
@@ -64,7 +73,7 @@ def analyse(
     external: bool,
     facts: KernelFacts | None = None,
 ) -> tuple[dict[str, ArmResult], Verdict, dict[str, dict[int, list[float]]]]:
-    samples = samples_from_records(records)
+    samples = samples_of(requests)
     labels = {a.name: a.label for a in arms}
     ordered = {a.name: samples.get(a.name, {c: [] for c in a.levels}) for a in arms}
     independent = [a.name for a in arms if not a.stream]
@@ -96,14 +105,16 @@ def write_outputs(
     external: bool,
     loadavg: list[float] | None = None,
 ) -> tuple[dict[str, ArmResult], Verdict, str]:
-    """requests.parquet, nagle.json, plots/*.png, report.md; returns the printed table."""
-    import pandas as pd
-
+    """requests.parquet (the records' stamps and counts), nagle.json, plots/*.png, report.md;
+    returns the printed table. The TTFTs are derived from the stamps (`requests_frame`), also
+    for an older run whose records carry stored ones."""
+    from lab.analysis.request_times import requests_frame, stored_columns
     from lab.report.nagle_plots import ttft_cdf, ttft_histograms
 
+    frame = requests_frame(records)
     facts = kernel_facts()
     results, verdict, samples = analyse(
-        records, arms, threshold_ms=opts.threshold_ms, many=opts.many, external=external,
+        frame, arms, threshold_ms=opts.threshold_ms, many=opts.many, external=external,
         facts=facts,
     )
     errors: dict[tuple[str, int], int] = {}
@@ -111,8 +122,7 @@ def write_outputs(
         if not r.get("ok"):
             key = (r["arm"], int(r["level"]))
             errors[key] = errors.get(key, 0) + 1
-    frame = pd.DataFrame.from_records(records)
-    frame.to_parquet(out / "requests.parquet", index=False)
+    stored_columns(frame).to_parquet(out / "requests.parquet", index=False)
     tokens_md = _tokens_section(frame, opts.endpoint)
     floor = next(
         (s.cluster_floor_ms for a in arms if a.stream

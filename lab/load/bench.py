@@ -25,6 +25,8 @@ from pathlib import Path
 
 import click
 
+from lab.analysis.client_health import client_health
+from lab.analysis.request_times import requests_frame
 from lab.load.client import ClientOptions, run_level
 from lab.load.workload import WorkloadSpec, build_requests
 from lab.wire.ready import parse_ready
@@ -99,7 +101,7 @@ async def _bench(url: str, model: str, levels: list[int], requests: int, osl: in
                                   options=ClientOptions(isolate=True, procs=procs))
             errors = sum(1 for r in res.records if not r["ok"])
             ok = [r for r in res.records if r["ok"]]
-            cl = res.client
+            cl = client_health(res.procs, requests_frame(res.records))
             runs.append({
                 "cpu_ms": cl["cpu_ms_per_request"],
                 "send_p99": cl["send_delay_p99_ms"],

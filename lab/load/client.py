@@ -13,8 +13,10 @@ Design (what keeps it light and honest):
   (see `_Slot`). `scheduled` is the moment the slot became free (plus `gap_ms`), `sent` the
   moment the request was handed to the socket (before connecting, when a connection is
   opened); `sent - scheduled` is the send delay.
-- The client measures itself: event-loop lag (a 10 ms ticker's oversleep), CPU
-  (getrusage over the level window) and send delay.
+- The client measures itself: event-loop lag (a 10 ms ticker's oversleep, in ns), CPU
+  (getrusage over the level window) and the stamps send delay is derived from. It stores ns
+  stamps only; the analysis derives every millisecond figure once (`lab.analysis.request_times`
+  per request, `lab.analysis.client_health` for the client's own figures).
 - `procs > 1` spreads the level over K spawned processes sharing one index counter, so the total
   in flight is still exactly `concurrency`; records are merged.
 
@@ -67,9 +69,13 @@ class Progress:
 
 @dataclass
 class LevelResult:
+    """A level's records and what each client process measured of itself: its window
+    (`started_ns`, `ended_ns`), CPU seconds (`cpu_s`) and event-loop lags (`loop_lags_ns`);
+    `lab.analysis.client_health` turns them into the level's client-health figures."""
+
     concurrency: int
     records: list[dict] = field(default_factory=list)
-    client: dict = field(default_factory=dict)
+    procs: list[dict] = field(default_factory=list)
 
 
 def endpoint_url(url: str, body: dict) -> str:
@@ -176,7 +182,6 @@ class _Driver:
             request_id=f"{self.options.request_id_prefix}{i}",
             warmup=i < self.warmup,
             scheduled_ns=scheduled,
-            send_delay_ms=(raw.sent_ns - scheduled) / 1e6,
             isl_requested=isl,
             osl_requested=osl,
             client_proc=self.proc,
@@ -254,7 +259,6 @@ class _Driver:
             "started_ns": t0,
             "ended_ns": t1,
             "cpu_s": cpu_s,
-            "wall_s": (t1 - t0) / 1e9,
             "requests": len(self.records),
             "loop_lags_ns": self.lags_ns,
         }
@@ -389,43 +393,6 @@ class _Slot:
         self._parse()
 
 
-def _p99(values: list[float]) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    # exact percentile with linear interpolation (the same rule as numpy's default)
-    k = (len(s) - 1) * 0.99
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def summarize_client(procs: list[dict], records: list[dict]) -> dict:
-    """The client-health figures of a level, merged over client processes."""
-    started = min(p["started_ns"] for p in procs)
-    ended = max(p["ended_ns"] for p in procs)
-    wall_s = max((ended - started) / 1e9, 1e-9)
-    cpu_s = sum(p["cpu_s"] for p in procs)
-    per_proc_pct = [100.0 * p["cpu_s"] / max(p["wall_s"], 1e-9) for p in procs]
-    lags = [lag / 1e6 for p in procs for lag in p["loop_lags_ns"]]
-    send = [r["send_delay_ms"] for r in records if not r["warmup"]]
-    n = len(records)
-    return {
-        "procs": len(procs),
-        "started_ns": started,
-        "ended_ns": ended,
-        "wall_s": wall_s,
-        "cpu_s": cpu_s,
-        "cpu_pct": 100.0 * cpu_s / wall_s,
-        "cpu_pct_max_proc": max(per_proc_pct) if per_proc_pct else None,
-        "cpu_ms_per_request": 1000.0 * cpu_s / n if n else None,
-        "send_delay_p99_ms": _p99(send),
-        "send_delay_max_ms": max(send) if send else None,
-        "loop_lag_p99_ms": _p99(lags),
-        "loop_lag_max_ms": max(lags) if lags else None,
-    }
-
-
 # ----- several client processes -----
 
 def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options: ClientOptions,
@@ -535,7 +502,8 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
 
     `url` is the server's base URL (the endpoint follows the body: prompt -> /v1/completions,
     messages -> /v1/chat/completions) or a full endpoint URL.
-    Records come back sorted by index; `client` holds the client-health figures.
+    Records come back sorted by index (stamps and counts, no millisecond figure); `procs`
+    holds each client process's own measurements (ns stamps, CPU seconds).
     """
     options = options or ClientOptions()
     if concurrency < 1:
@@ -550,8 +518,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     records.sort(key=lambda r: r["index"])
     for r in records:
         r["concurrency"] = concurrency
-    return LevelResult(concurrency=concurrency, records=records,
-                       client=summarize_client(infos, records))
+    return LevelResult(concurrency=concurrency, records=records, procs=infos)
 
 
 def options_dict(options: ClientOptions) -> dict:

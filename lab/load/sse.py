@@ -1,4 +1,5 @@
-"""Turn one response's raw SSE events (stamped on arrival) into a requests.parquet record.
+"""Turn one response's raw SSE events (stamped on arrival) into a requests.parquet record: the
+nanosecond stamps and counts of the request, no millisecond figure (the analysis derives those).
 
 The client keeps the response body as it arrived: decoded pieces, each with the
 `perf_counter_ns()` stamp of the read that carried it. This module splits them into SSE events
@@ -17,8 +18,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 import orjson
-
-from lab.analysis.request_times import request_times_ms
 
 
 @dataclass
@@ -183,7 +182,9 @@ def _count(obj: dict, key: str, out: dict) -> int | None:
 
 
 def parse_response(raw: RawResponse, streaming: bool) -> dict:
-    """The measured fields of one request (the per-request columns the client owns)."""
+    """The measured fields of one request (the per-request columns the client owns): stamps
+    and counts only; every millisecond figure is derived from them by the analysis
+    (`lab.analysis.request_times`)."""
     out: dict = {
         "sent_ns": raw.sent_ns,
         "http_status": raw.status,
@@ -287,6 +288,5 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
     out["first_ns"] = chunk_times[0] if chunk_times else None
     out["end_ns"] = chunk_times[-1] if chunk_times else None
     out["done_ns"] = raw.done_ns
-    out.update(request_times_ms(raw.sent_ns, chunk_times, out["output_tokens"]))
     out["ok"] = out["error_kind"] is None
     return out

@@ -17,7 +17,9 @@ import pandas as pd
 
 from lab.analysis import rundir
 from lab.analysis.checks import failed_sentence
+from lab.analysis.client_health import client_health
 from lab.analysis.metrics import level_key, summarize_run
+from lab.analysis.request_times import requests_frame
 from lab.load.client import ClientOptions, LevelResult, Progress, run_level
 from lab.load.workload import RequestSet, WorkloadSpec
 
@@ -147,10 +149,10 @@ class SweepRunner:
             r["repeat"] = repeat
         self.records.extend(result.records)
         self.writer.append(result.records)
-        self.clients[level_key(concurrency, repeat)] = {
-            k: v for k, v in result.client.items() if k != "loop_lags_ns"}
+        self.clients[level_key(concurrency, repeat)] = client_health(
+            result.procs, requests_frame(result.records))
         rundir.write_json(self.run_dir / rundir.CLIENT_JSON, self.clients)
-        requests = pd.DataFrame(self.records)
+        requests = requests_frame(self.records)
         procs = pd.DataFrame(self.procs_samples()) if self.procs_samples else None
         levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
                                clients=self.clients)

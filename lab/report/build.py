@@ -59,6 +59,8 @@ def _slos(config: dict) -> SLOs | None:
 
 def compute_levels(run_dir: Path, requests: pd.DataFrame | None = None,
                    config: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """levels (per concurrency and repeat) and the table (per concurrency); `requests` as
+    `rundir.read_requests` gives them, with the derived per-request figures."""
     run_dir = Path(run_dir)
     if requests is None:
         requests = rundir.read_requests(run_dir)

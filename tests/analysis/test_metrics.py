@@ -1,4 +1,5 @@
-"""Metric definitions (docs/metrics.md) on hand-made request records."""
+"""Metric definitions (docs/metrics.md) on hand-made request records (stamps and counts, as
+the client writes them; the millisecond figures derived by lab.analysis.request_times)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from lab.analysis.metrics import (
     chunk_gaps_ms,
     describe,
     level_summary,
-    recompute_request_metrics,
     summarize_run,
 )
+from lab.analysis.request_times import REQUEST_MS_COLUMNS, requests_frame, with_request_times
 
 MS = 1_000_000
 
@@ -25,20 +26,16 @@ def rec(i: int, sent_ms: float, chunks_ms: list[float], *, conc: int = 2, tokens
     sent = int(sent_ms * MS)
     return {
         "concurrency": conc, "repeat": repeat, "index": i, "warmup": warmup, "ok": ok,
-        "error_kind": kind, "sent_ns": sent, "scheduled_ns": sent, "send_delay_ms": 0.0,
+        "error_kind": kind, "sent_ns": sent, "scheduled_ns": sent - MS // 2,
         "first_ns": times[0] if times else None, "end_ns": times[-1] if times else None,
         "done_ns": (times[-1] if times else sent) + MS,
         "chunk_times_ns": times, "chunks": len(times), "output_tokens": n_tok,
         "output_tokens_source": "usage", "input_tokens": 10, "cached_tokens": 0,
-        "ttft_ms": (times[0] - sent) / MS if times else None,
-        "latency_ms": (times[-1] - sent) / MS if times else None,
-        "ttst_ms": (times[1] - times[0]) / MS if len(times) > 1 else None,
-        "itl_ms": ((times[-1] - times[0]) / MS / (n_tok - 1)) if n_tok > 1 and times else None,
     }
 
 
 def frame() -> pd.DataFrame:
-    return pd.DataFrame([
+    return requests_frame([
         rec(0, 0, [5, 6, 7], warmup=True),              # warm-up: excluded
         rec(1, 10, [20, 22, 26]),                      # ttft 10, latency 16, itl 3
         rec(2, 12, [16, 17, 18, 30], tokens=8),        # ttft 4, latency 18, itl 14/7 = 2
@@ -61,19 +58,32 @@ def test_definitions() -> None:
     assert row["latency_ms_avg"] == pytest.approx(17.0)
     assert row["itl_ms_avg"] == pytest.approx((3 + 2) / 2)
     assert row["ttst_ms_avg"] == pytest.approx((2 + 1) / 2)
+    assert row["send_delay_ms_p99"] == pytest.approx(0.5)
     assert row["tokens_per_chunk"] == pytest.approx(11 / 7)
     # gaps pooled over successful requests: 2, 4, 1, 1, 12
     assert row["gap_ms_max"] == pytest.approx(12.0)
     assert row["gap_ms_p50"] == pytest.approx(2.0)
 
 
-def test_recompute_matches_client_values() -> None:
-    df = frame()
-    again = recompute_request_metrics(df)
-    ok = df["ok"]
-    for col in ("ttft_ms", "latency_ms", "itl_ms", "ttst_ms"):
-        pd.testing.assert_series_equal(again.loc[ok, col], df.loc[ok, col].astype(float),
-                                       check_names=False)
+def test_request_times_derived_from_the_stamps() -> None:
+    df = frame().set_index("index")
+    assert df.loc[1, "ttft_ms"] == 10 and df.loc[1, "latency_ms"] == 16
+    assert df.loc[1, "ttst_ms"] == 2 and df.loc[1, "itl_ms"] == 3
+    assert df.loc[2, "itl_ms"] == pytest.approx(14 / 7)  # usage says 8 tokens in 4 chunks
+    assert df["send_delay_ms"].tolist() == [0.5] * 5
+    assert df.loc[3, ["ttft_ms", "ttst_ms", "latency_ms", "itl_ms"]].isna().all()  # no chunks
+    one = requests_frame([rec(0, 0, [5], tokens=1)])
+    assert one["ttft_ms"].iloc[0] == 5 and one[["ttst_ms", "itl_ms"]].isna().all(axis=None)
+
+
+def test_stored_figures_are_re_derived() -> None:
+    """A frame that carries millisecond columns (an older run's requests.parquet) gets them
+    replaced by the ones derived from its stamps."""
+    stamps = pd.DataFrame([rec(1, 10, [20, 22, 26]), rec(2, 12, [16, 17, 18, 30], tokens=8)])
+    stale = stamps.assign(**dict.fromkeys(REQUEST_MS_COLUMNS, -1.0))
+    pd.testing.assert_frame_equal(with_request_times(stale)[list(REQUEST_MS_COLUMNS)],
+                                  with_request_times(stamps)[list(REQUEST_MS_COLUMNS)])
+    assert (with_request_times(stale)["ttft_ms"] == [10.0, 4.0]).all()
 
 
 def test_exact_percentiles() -> None:
@@ -84,7 +94,7 @@ def test_exact_percentiles() -> None:
 
 
 def test_gaps_pooled() -> None:
-    df = pd.DataFrame([rec(0, 0, [1, 2, 4]), rec(1, 0, [3, 7])])
+    df = requests_frame([rec(0, 0, [1, 2, 4]), rec(1, 0, [3, 7])])
     assert sorted(chunk_gaps_ms(df)) == pytest.approx([1, 2, 4])
 
 

@@ -48,12 +48,21 @@ def test_launched_arms_each_change_what_their_name_says() -> None:
             parse_gaps(bad)
 
 
+MS = 1_000_000
+
+
+def _record(arm: str, level: int, i: int, ttft_ms: float | None) -> dict:
+    """A load-client record (stamps and counts) whose TTFT is `ttft_ms` (None: failed)."""
+    sent = i * 100 * MS
+    times = [] if ttft_ms is None else [sent + int(ttft_ms * MS), sent + int(ttft_ms * MS) + MS]
+    return {"arm": arm, "level": level, "index": i, "ok": ttft_ms is not None, "warmup": False,
+            "scheduled_ns": sent, "sent_ns": sent, "first_ns": times[0] if times else None,
+            "end_ns": times[-1] if times else None, "done_ns": sent + 200 * MS,
+            "chunk_times_ns": times, "chunks": len(times), "output_tokens": len(times)}
+
+
 def _records(arm: str, level: int, ttfts: list[float]) -> list[dict]:
-    return [
-        {"arm": arm, "level": level, "index": i, "ok": True, "warmup": False, "ttft_ms": t,
-         "chunk_times_ns": [1, 2]}
-        for i, t in enumerate(ttfts)
-    ]
+    return [_record(arm, level, i, t) for i, t in enumerate(ttfts)]
 
 
 def test_outputs_of_a_reproduced_probe(tmp_path: Path) -> None:
@@ -64,8 +73,7 @@ def test_outputs_of_a_reproduced_probe(tmp_path: Path) -> None:
         _records("control", 1, fast) + _records("control", 8, fast)
         + _records("suspect", 1, stalled) + _records("suspect", 8, fast)
     )
-    records.append({"arm": "suspect", "level": 1, "index": 60, "ok": False, "warmup": False,
-                    "ttft_ms": None, "chunk_times_ns": [], "error_kind": "timeout"})
+    records.append({**_record("suspect", 1, 60, None), "error_kind": "timeout"})
     arms = launched_arms(["control", "suspect"], [0], 8)
     _, verdict, table = write_outputs(tmp_path, records, arms, ProbeOptions(requests=60, many=8),
                                       external=False)
@@ -74,13 +82,16 @@ def test_outputs_of_a_reproduced_probe(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "nagle.json").read_text())
     assert doc["stats"]["suspect"]["levels"]["1"]["cluster_n"] == 58
     assert doc["kernel"]["delack_min_ms"] == 40.0
-    assert len(pd.read_parquet(tmp_path / "requests.parquet")) == 241
+    stored = pd.read_parquet(tmp_path / "requests.parquet")
+    assert len(stored) == 241 and "ttft_ms" not in stored  # stamps only: TTFT is derived
     report = (tmp_path / "report.md").read_text()
     assert "**reproduced: with client NODELAY off and split writes, 97%" in report
     assert "![TTFT CDF](plots/ttft_cdf.png)" in report
     assert (tmp_path / "plots" / "ttft_hist.png").stat().st_size > 0
 
-    # re-analysis from the run directory alone, with another threshold
+    # re-analysis from the run directory alone, with another threshold; a TTFT column stored
+    # beside the stamps (as older runs have) is derived again, not read
+    stored.assign(ttft_ms=0.0).to_parquet(tmp_path / "requests.parquet", index=False)
     res = CliRunner().invoke(nagle, ["--reanalyse", str(tmp_path), "--threshold-ms", "60"])
     assert res.exit_code == 0, res.output
     assert "not reproduced" in res.output

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from lab.analysis.nagle import ABSENT_SHARE
+from lab.analysis.request_times import with_request_times
 from tests.procs import start
 
 N = 40  # >= 30 concurrency-1 requests per arm: enough for a verdict, fast enough for a test
@@ -56,7 +57,7 @@ def test_probe_reproduces_the_stall_only_with_client_nodelay_off_and_split_write
     )
 
     # the same criterion straight from the raw records, independent of the analysis code
-    df = pd.read_parquet(out / "requests.parquet")
+    df = with_request_times(pd.read_parquet(out / "requests.parquet"))
     c1 = df[df["level"] == 1]
     fastest_decile = c1[c1.arm == "control"]["ttft_ms"].quantile(0.1)
     stalled = c1[c1.arm == "suspect"]["ttft_ms"] >= fastest_decile + 30

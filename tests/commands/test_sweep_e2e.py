@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lab.analysis.rundir import read_requests
 from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
 
 OSL = 16
@@ -24,7 +25,17 @@ def lab(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def check_requests(req: pd.DataFrame, concs: list[int]) -> None:
+def same(ms: pd.Series, ns: pd.Series) -> bool:
+    """Milliseconds equal to nanoseconds, to the nanosecond."""
+    return bool(np.allclose(ms, ns / 1e6, rtol=0, atol=1e-6))
+
+
+def check_requests(run: Path, concs: list[int]) -> pd.DataFrame:
+    """The run's requests: checked, and returned with the derived figures."""
+    stored = pd.read_parquet(run / "requests.parquet")
+    # the client stores ns stamps and counts; no per-request millisecond figure is stored
+    assert not [c for c in stored.columns if c.endswith("_ms")], list(stored.columns)
+    req = read_requests(run)
     # request counts per level: warm-up (= concurrency by default) + measured
     assert req.groupby("concurrency").size().to_dict() == {c: c + REQUESTS for c in concs}
     assert (~req["warmup"]).groupby(req["concurrency"]).sum().to_dict() == {
@@ -41,10 +52,16 @@ def check_requests(req: pd.DataFrame, concs: list[int]) -> None:
     assert (req["first_ns"] <= req["end_ns"]).all() and (req["end_ns"] <= req["done_ns"]).all()
     for times, n in zip(req["chunk_times_ns"], req["chunks"], strict=True):
         assert len(times) == n and list(times) == sorted(times)
-    assert np.allclose(req["ttft_ms"], (req["first_ns"] - req["sent_ns"]) / 1e6)
-    assert np.allclose(req["latency_ms"], (req["end_ns"] - req["sent_ns"]) / 1e6)
+    # the derived figures are the stamps' differences (sent -> first / last content chunk), to
+    # the nanosecond
+    first = np.array([times[0] for times in req["chunk_times_ns"]])
+    last = np.array([times[-1] for times in req["chunk_times_ns"]])
+    assert same(req["ttft_ms"], first - stored["sent_ns"])
+    assert same(req["latency_ms"], last - stored["sent_ns"])
+    assert same(req["send_delay_ms"], stored["sent_ns"] - stored["scheduled_ns"])
     assert req["decode_worker_id"].notna().all()
     assert req["request_id"].is_unique
+    return req
 
 
 def check_levels(run: Path, req: pd.DataFrame, concs: list[int]) -> pd.DataFrame:
@@ -74,8 +91,7 @@ def test_launched_sweep(tmp_path: Path) -> None:
     config = json.loads((run / "config.json").read_text())
     assert config["sweep"]["concurrency"] == [1, 4] and config["topology"]["fleets"]
     assert config["machine"]["cpu_count"] >= 1 and "versions" in config
-    req = pd.read_parquet(run / "requests.parquet")
-    check_requests(req, [1, 4])
+    req = check_requests(run, [1, 4])
     assert (req["decode_worker_id"] == "sidecar-0").all()
     levels = check_levels(run, req, [1, 4])
     for name in ("frontend", "sidecar-0", "engine-0"):
@@ -98,8 +114,7 @@ def test_target_sweep_against_a_separate_frontend(spawn: Callable[..., Proc],
                "--conc", "1,4", "--requests", str(REQUESTS), "--osl", str(OSL), "--isl", str(ISL),
                "--out", str(run), "--quiet", "--no-plots")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    req = pd.read_parquet(run / "requests.parquet")
-    check_requests(req, [1, 4])
+    req = check_requests(run, [1, 4])
     assert (req["decode_worker_id"] == "sidecar-x").all()
     check_levels(run, req, [1, 4])
     assert not (run / "procs.parquet").exists()

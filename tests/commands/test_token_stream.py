@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lab.analysis.rundir import read_requests
+
 OSL = 128
 
 
@@ -25,7 +27,7 @@ def sweep(run: Path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     proc = lab("sweep", "--osl", str(OSL), "--isl", "32", "--out", str(run), "--quiet",
                "--no-plots", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    req = pd.read_parquet(run / "requests.parquet")
+    req = read_requests(run)
     req = req[~req["warmup"]]
     assert req["ok"].all(), req.loc[~req["ok"], ["error_kind", "error_message"]]
     return req, pd.read_csv(run / "levels.csv"), proc.stdout

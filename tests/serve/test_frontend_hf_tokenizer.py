@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import click
-import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from lab.analysis.rundir import read_requests
 from lab.commands.sweep import sweep
 from lab.serve.tokenizer import HFTokenizer
 from launch.cli import up
@@ -70,7 +70,7 @@ def test_launched_sweep_with_tokenizer_counts_exact_prompt_tokens(tok_dir: Path,
                                         "--osl", "8", "--out", str(out), "--quiet",
                                         "--no-plots"])
     assert result.exit_code == 0, result.output
-    req = pd.read_parquet(out / "requests.parquet")
+    req = read_requests(out)
     assert req["ok"].all()
     # the frontend's usage: exactly ISL prompt tokens in the tokenizer, OSL completion tokens
     assert (req["input_tokens_source"] == "usage").all() and (req["input_tokens"] == 40).all()

@@ -1,0 +1,50 @@
+"""The load client's own health in a level, kept in client.json: its CPU, event-loop lag and
+send delay (docs/metrics.md, "levels.csv / levels.json: one row per level").
+
+The client processes report what they measured of themselves (`LevelResult.procs`: window
+stamps and loop lags in ns, CPU seconds from getrusage) and the requests carry the stamps the
+send delay is derived from; the figures in milliseconds and percent are derived here, with the
+same percentiles as every other figure (`lab.analysis.metrics.describe`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from lab.analysis.metrics import describe, measured
+from lab.analysis.request_times import NS_PER_MS
+
+NS_PER_S = 1e9
+
+
+def client_health(procs: list[dict], requests: pd.DataFrame) -> dict[str, Any]:
+    """The client-health figures of a level, merged over its client processes.
+
+    `requests`: the level's requests with the derived figures (`with_request_times`); the send
+    delay is over its non-warm-up requests, CPU per request over all of them.
+    """
+    started = min(p["started_ns"] for p in procs)
+    ended = max(p["ended_ns"] for p in procs)
+    wall_s = max((ended - started) / NS_PER_S, 1e-9)
+    cpu_s = sum(p["cpu_s"] for p in procs)
+    per_proc_pct = [100.0 * p["cpu_s"] / max((p["ended_ns"] - p["started_ns"]) / NS_PER_S, 1e-9)
+                    for p in procs]
+    lags = describe([lag / NS_PER_MS for p in procs for lag in p["loop_lags_ns"]])
+    send = describe(measured(requests)["send_delay_ms"]) if len(requests) else describe([])
+    n = len(requests)
+    return {
+        "procs": len(procs),
+        "started_ns": started,
+        "ended_ns": ended,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "cpu_pct": 100.0 * cpu_s / wall_s,
+        "cpu_pct_max_proc": max(per_proc_pct) if per_proc_pct else None,
+        "cpu_ms_per_request": 1000.0 * cpu_s / n if n else None,
+        "send_delay_p99_ms": send["p99"],
+        "send_delay_max_ms": send["max"],
+        "loop_lag_p99_ms": lags["p99"],
+        "loop_lag_max_ms": lags["max"],
+    }
