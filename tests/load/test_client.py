@@ -9,6 +9,7 @@ import pytest
 
 from lab.load.client import ClientOptions, Progress, run_level
 from lab.load.workload import WorkloadSpec, build_requests
+from tests.load.fake_http import start
 from tests.load.fake_openai import (
     FAIL_CUT,
     FAIL_HTTP,
@@ -16,7 +17,6 @@ from tests.load.fake_openai import (
     FAIL_STREAM,
     SHAPE_EVENTS,
     FakeOpenAI,
-    start,
 )
 
 
