@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
+from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
+
+from tests.load.fake_http import FakeServer, serve_forever
 
 FAIL_HTTP = 7
 FAIL_STREAM = 8
@@ -28,26 +30,22 @@ SHAPE_EVENTS = (b'{"choices":"x"}', b'{"choices":[1]}', b'{"choices":[{"delta":"
                 b'{"choices":[],"nvext":5}')
 
 
-class FakeOpenAI:
-    def __init__(self, *, token_delay_s: float = 0.0, ttft_s: float = 0.0,
-                 tokens_per_chunk: int = 1, model: str = "fake-model",
-                 worker: str = "fake-worker") -> None:
-        self.token_delay_s = token_delay_s
-        self.ttft_s = ttft_s
-        self.tokens_per_chunk = tokens_per_chunk
-        self.model = model
-        self.worker = worker
-        self.in_flight = 0
-        self.peak = 0
-        self.served = 0
-        self.peers: set = set()  # client (host, port) of every request: counts connections
-        self.app = web.Application()
-        self.app.router.add_post("/v1/completions", self.completions)
-        self.app.router.add_get("/v1/models", self.models)
+@dataclass(kw_only=True, eq=False)
+class FakeOpenAI(FakeServer):
+    model: str = "fake-model"
+    token_delay_s: float = 0.0
+    ttft_s: float = 0.0
+    tokens_per_chunk: int = 1
+    worker: str = "fake-worker"
+    in_flight: int = field(default=0, init=False)
+    peak: int = field(default=0, init=False)
+    served: int = field(default=0, init=False)
+    #: the client (host, port) of every request: counts connections
+    peers: set = field(default_factory=set, init=False)
 
-    async def models(self, request: web.Request) -> web.Response:
-        models = [{"id": self.model, "object": "model"}]
-        return web.json_response({"object": "list", "data": models})
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.app.router.add_post("/v1/completions", self.completions)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -116,37 +114,14 @@ class FakeOpenAI:
             self.in_flight -= 1
 
 
-async def start(server: FakeOpenAI, port: int = 0) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    host, bound = sock.getsockname()[:2]
-    return runner, f"http://{host}:{bound}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--token-delay-ms", type=float, default=0.0)
     ap.add_argument("--model", default="fake-model")
     args = ap.parse_args()
-
-    async def run() -> None:
-        server = FakeOpenAI(token_delay_s=args.token_delay_ms / 1000, model=args.model)
-        runner, url = await start(server, args.port)
-        print(f"ready role=frontend id=fake listen={url.removeprefix('http://')}", file=sys.stderr,
-              flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        pass
+    serve_forever(lambda: FakeOpenAI(token_delay_s=args.token_delay_ms / 1000, model=args.model),
+                  args.port, "fake")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ serves them at GET /debug/prompt_tokens (for the tests' assertions).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
+from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 
 from lab.shared.hf_tokenizer import load_hf
+from tests.load.fake_http import FakeServer, serve_forever
 
 TEMPLATE = "<|user|>\n{content}\n<|assistant|>\n"
 
@@ -35,31 +35,27 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> we
                              status=status)
 
 
-class StrictOpenAI:
-    def __init__(self, tokenizer: str, *, model: str = "strict-model", models_endpoint: bool = True,
-                 fail_after: int | None = None, stream: bool = True,
-                 token_ids_ok: bool = False, stream_usage: bool = False) -> None:
-        self.tok = load_hf(tokenizer)
-        self.model = model
-        self.fail_after = fail_after
-        self.stream = stream
-        self.token_ids_ok = token_ids_ok
-        self.stream_usage = stream_usage
-        self.seen = 0
-        self.prompt_tokens: list[int] = []
-        self.app = web.Application()
+@dataclass(eq=False)
+class StrictOpenAI(FakeServer):
+    tokenizer: str
+    model: str = field(default="strict-model", kw_only=True)
+    fail_after: int | None = field(default=None, kw_only=True)
+    stream: bool = field(default=True, kw_only=True)
+    token_ids_ok: bool = field(default=False, kw_only=True)
+    stream_usage: bool = field(default=False, kw_only=True)
+    seen: int = field(default=0, init=False)
+    #: every request's prompt token count, in order (served at GET /debug/prompt_tokens)
+    prompt_tokens: list[int] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.tok = load_hf(self.tokenizer)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/debug/prompt_tokens", self.debug)
-        if models_endpoint:
-            self.app.router.add_get("/v1/models", self.models)
 
     def count(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False).ids)
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list",
-                                  "data": [{"id": self.model, "object": "model"}]})
 
     async def debug(self, request: web.Request) -> web.Response:
         return web.json_response(self.prompt_tokens)
@@ -125,16 +121,6 @@ class StrictOpenAI:
         return resp
 
 
-async def start(server: StrictOpenAI, port: int = 0) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    host, bound = sock.getsockname()[:2]
-    return runner, f"http://{host}:{bound}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, default=0)
@@ -146,24 +132,12 @@ def main() -> None:
     ap.add_argument("--fail-after", type=int, default=None)
     ap.add_argument("--stream-usage", action="store_true")
     args = ap.parse_args()
-
-    async def run() -> None:
-        server = StrictOpenAI(args.tokenizer, model=args.model,
-                              models_endpoint=not args.no_models, fail_after=args.fail_after,
-                              stream=not args.no_stream, token_ids_ok=args.token_ids_ok,
-                              stream_usage=args.stream_usage)
-        runner, url = await start(server, args.port)
-        print(f"ready role=frontend id=strict listen={url.removeprefix('http://')}",
-              file=sys.stderr, flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        pass
+    serve_forever(lambda: StrictOpenAI(args.tokenizer, model=args.model,
+                                       models_endpoint=not args.no_models,
+                                       fail_after=args.fail_after, stream=not args.no_stream,
+                                       token_ids_ok=args.token_ids_ok,
+                                       stream_usage=args.stream_usage),
+                  args.port, "strict")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
 from lab.load.client import ClientOptions, Progress, run_level
 from lab.load.workload import WorkloadSpec, build_requests
+from tests.load.fake_http import start
 from tests.load.fake_openai import (
     FAIL_CUT,
     FAIL_HTTP,
@@ -18,7 +19,6 @@ from tests.load.fake_openai import (
     FAIL_STREAM,
     SHAPE_EVENTS,
     FakeOpenAI,
-    start,
 )
 
 

@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import grpc
-import pytest
 from click.testing import CliRunner
 
 from lab.wire.gen.openengine.v1 import openengine_pb2_grpc, server_pb2
 from mocker.cli import main
 from tests.mocker.test_server_support import mocker_argv
+from tests.usage_errors import assert_usage_error, usage_cases
 
 
 def run(*args: str):
@@ -46,33 +46,28 @@ def test_serve_help_explains_every_option_and_its_default():
     assert run("bench", "--help").exit_code == 0
 
 
-@pytest.mark.parametrize(
-    ("args", "named"),
-    [
-        (["--context-length", "0"], "--context-length"),
-        (["--context-length", "abc"], "--context-length"),
-        (["--max-concurrent-requests", "0"], "--max-concurrent-requests"),
-        (["--engine-args", "{not json"], "--engine-args"),
-        (["--engine-args", '{"no_such_arg": 1}'], "--engine-args"),
-        (["--engine-args", '{"block_size": 1}'], "--engine-args"),
-        (["--engine-args", "/nonexistent/engine.json"], "--engine-args"),
-        (["--listen", "nonsense"], "--listen"),
-        (["--listen", "127.0.0.1:70000"], "--listen"),
-        (["--role", "encode"], "--role"),
-        (["--role", "prefill", "--kv-port", "0"], "--kv-port"),
-        (["--kv-port", "-1"], "--kv-port"),
-        (["--speedup-ratio", "-1"], "--speedup-ratio"),
-        (["--decode-speedup-ratio", "nan"], "--decode-speedup-ratio"),
-        (["--seed", "-1"], "--seed"),
-        (["--model", ""], "--model"),
-        (["--stall-timeout", "0"], "--stall-timeout"),
-    ],
+@usage_cases(
+    "--context-length 0",
+    "--context-length abc",
+    "--max-concurrent-requests 0",
+    "--engine-args '{not json'",
+    """--engine-args '{"no_such_arg": 1}'""",
+    """--engine-args '{"block_size": 1}'""",
+    "--engine-args /nonexistent/engine.json",
+    "--listen nonsense",
+    "--listen 127.0.0.1:70000",
+    "--role encode",
+    "--role prefill --kv-port 0",
+    "--kv-port -1",
+    "--speedup-ratio -1",
+    "--decode-speedup-ratio nan",
+    "--seed -1",
+    "--model ''",
+    "--stall-timeout 0",
 )
 def test_bad_serve_options_exit_2_naming_the_option(args, named):
     result = run("serve", *args)
-    assert result.exit_code == 2, result.output
-    assert named in result.output
-    assert "Traceback" not in result.output
+    assert_usage_error(result.exit_code, result.output, named)
     if "no_such_arg" in " ".join(args):
         assert "no_such_arg" in result.output
 

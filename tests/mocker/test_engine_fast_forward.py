@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mocker.engine import EngineArgs, EngineRequest, Scheduler
 from mocker.engine.tokens import token_deriver
+from tests.mocker.engine_strategies import CANCEL_OPS, PROPERTY, add_ops, small_engines
 
 advance = st.tuples(
     st.just("advance"),
@@ -24,14 +25,8 @@ op = st.one_of(
     advance,
     advance,
     advance,
-    st.tuples(
-        st.just("add"),
-        st.integers(1, 40),  # prompt length
-        st.integers(1, 40),  # max output
-        st.integers(0, 2),  # prompt family (shared prefixes)
-        st.booleans(),  # handoff (kv transferred, first position 1)
-    ),
-    st.tuples(st.just("cancel"), st.integers(0, 30)),
+    add_ops(40, st.booleans()),  # the variant: a handoff (kv transferred, first position 1)
+    CANCEL_OPS,
 )
 
 
@@ -101,31 +96,11 @@ class Twins:
         self.fast._pool.check()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    engine_type=st.sampled_from(["trtllm", "vllm"]),
-    blocks=st.integers(6, 40),
-    budget=st.integers(2, 64),
-    seqs=st.integers(1, 6),
-    caching=st.booleans(),
-    ops=st.lists(op, min_size=20, max_size=60),
-)
-def test_fast_forward_equals_repeated_steps(
-    engine_type: str, blocks: int, budget: int, seqs: int, caching: bool, ops: list[tuple]
-) -> None:
-    twins = Twins(
-        EngineArgs.from_json(
-            {
-                "engine_type": engine_type,
-                "block_size": 4,
-                "num_gpu_blocks": blocks,
-                "max_num_batched_tokens": budget,
-                "max_num_seqs": seqs,
-                "enable_prefix_caching": caching,
-                "speedup_ratio": 1.0,
-            }
-        )
-    )
+@PROPERTY
+@given(args=small_engines(blocks=(6, 40), budget=(2, 64)),
+       ops=st.lists(op, min_size=20, max_size=60))
+def test_fast_forward_equals_repeated_steps(args: EngineArgs, ops: list[tuple]) -> None:
+    twins = Twins(args)
     added = 0
     for o in ops:
         if o[0] == "add":

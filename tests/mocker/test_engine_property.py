@@ -4,56 +4,24 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mocker.engine import EngineArgs, EngineRequest, Scheduler, Signal
 from mocker.engine.tokens import token_deriver
+from tests.mocker.engine_strategies import CANCEL_OPS, PROPERTY, add_ops, small_engines
 
 op = st.one_of(
-    st.tuples(
-        st.just("add"),
-        st.integers(1, 40),  # prompt length
-        st.integers(1, 12),  # max output
-        st.integers(0, 2),  # prompt family (shared prefixes)
-        st.integers(0, 3),  # handoff / ready delay variants
-    ),
-    st.tuples(st.just("cancel"), st.integers(0, 30)),
+    add_ops(12, st.integers(0, 3)),  # the variant: 1 a handoff, 2-3 a ready delay
+    CANCEL_OPS,
     st.tuples(st.just("step"), st.integers(1, 4)),
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    engine_type=st.sampled_from(["trtllm", "vllm"]),
-    blocks=st.integers(4, 24),
-    budget=st.integers(4, 64),
-    seqs=st.integers(1, 6),
-    caching=st.booleans(),
-    chunked=st.booleans(),
-    ops=st.lists(op, max_size=40),
-)
-def test_random_workloads(
-    engine_type: str,
-    blocks: int,
-    budget: int,
-    seqs: int,
-    caching: bool,
-    chunked: bool,
-    ops: list[tuple],
-) -> None:
-    args = EngineArgs.from_json(
-        {
-            "engine_type": engine_type,
-            "block_size": 4,
-            "num_gpu_blocks": blocks,
-            "max_num_batched_tokens": budget,
-            "max_num_seqs": seqs,
-            "enable_prefix_caching": caching,
-            "enable_chunked_prefill": chunked,
-            "speedup_ratio": 1.0,
-        }
-    )
+@PROPERTY
+@given(args=small_engines(blocks=(4, 24), budget=(4, 64), vary_chunked=True),
+       ops=st.lists(op, max_size=40))
+def test_random_workloads(args: EngineArgs, ops: list[tuple]) -> None:
     s = Scheduler(args)
     added: list[str] = []
     first_pos: dict[str, int] = {}
@@ -67,8 +35,8 @@ def test_random_workloads(
         assert 0 <= m.used_blocks <= m.total_blocks
         assert m.used_blocks + m.inactive_blocks <= m.total_blocks
         assert m.free_blocks >= 0
-        assert m.running <= seqs
-        if engine_type == "trtllm":
+        assert m.running <= args.max_num_seqs
+        if args.engine_type == "trtllm":
             assert m.preemptions == 0 and m.alloc_stalls == 0
             missing = [r.reserve - r.n_shared - r.private for r in s._running]
             assert min(missing, default=0) >= 0

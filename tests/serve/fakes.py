@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lab.serve.discovery.base import Registry, WorkerRecord
@@ -125,14 +125,9 @@ class FakeWorker:
         return f"fake:{self.worker_id}"
 
     def record(self) -> WorkerRecord:
-        return WorkerRecord(
-            worker_id=self.worker_id,
-            role=self.role,
-            address=self.address,
-            model=self.model,
-            context_length=self.context_length,
-            load=dict(self.load),
-        )
+        """The worker as discovery lists it: the fields it shares with WorkerRecord."""
+        mine = {f.name: getattr(self, f.name) for f in fields(self)}
+        return WorkerRecord.from_json({**mine, "address": self.address, "load": dict(self.load)})
 
 
 class FakeClient:

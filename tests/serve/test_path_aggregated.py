@@ -103,6 +103,26 @@ async def stream_completion(
     return text, usage, nvext, events
 
 
+async def assert_concurrent_counts(oa: openai.AsyncOpenAI, first: int, n: int) -> None:
+    """n streams at once, of first, first + 1, ... tokens: each gets exactly its count."""
+    results = await asyncio.gather(*(stream_completion(oa, first + i) for i in range(n)))
+    assert [len(r[0].split()) for r in results] == [first + i for i in range(n)]
+
+
+async def unary_completion(
+    oa: openai.AsyncOpenAI, prompt: str, n: int, **extra: Any
+) -> openai.types.Completion:
+    """One non-streaming completion that must have exactly n tokens."""
+    out = await oa.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=n,
+        extra_body={"min_tokens": n, "ignore_eos": True, **extra},
+    )
+    assert len(out.choices[0].text.split()) == n
+    return out
+
+
 async def test_aggregated_stream_and_unary_exact_token_counts(
     spawn: Callable[..., Proc], tmp_path: Path
 ) -> None:
@@ -117,17 +137,9 @@ async def test_aggregated_stream_and_unary_exact_token_counts(
     assert 0 < nvext["timing"]["ttft_ms"] <= nvext["timing"]["total_time_ms"]
     assert events <= 40 + 2  # at most one event per token, plus finish and usage
 
-    # many at once: each gets exactly its count
-    results = await asyncio.gather(*(stream_completion(oa, 10 + i) for i in range(16)))
-    assert [len(r[0].split()) for r in results] == [10 + i for i in range(16)]
+    await assert_concurrent_counts(oa, 10, 16)
 
-    out = await oa.completions.create(
-        model=MODEL,
-        prompt="a text prompt of seven words here",
-        max_tokens=9,
-        extra_body={"min_tokens": 9, "ignore_eos": True},
-    )
-    assert len(out.choices[0].text.split()) == 9
+    out = await unary_completion(oa, "a text prompt of seven words here", 9)
     assert out.usage.prompt_tokens == 7 and out.usage.completion_tokens == 9
     assert out.choices[0].finish_reason == "length"
 

@@ -18,7 +18,13 @@ from lab.serve.frontend.protocol import GenRequest
 from lab.serve.request_plane import FrameType, RequestPlaneClient
 from lab.wire import constants as wc
 from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
-from tests.serve.test_path_aggregated import MODEL, stream_completion, wait_healthy
+from tests.serve.test_path_aggregated import (
+    MODEL,
+    assert_concurrent_counts,
+    stream_completion,
+    unary_completion,
+    wait_healthy,
+)
 
 
 def start_disagg(
@@ -85,16 +91,11 @@ async def test_disaggregated_path_distinct_workers_exact_counts(
     _, usage, _, _ = await stream_completion(oa, 2, prompt=prompt)
     assert usage.prompt_tokens_details.cached_tokens > 0
 
-    results = await asyncio.gather(*(stream_completion(oa, 5 + i) for i in range(12)))
-    assert [len(r[0].split()) for r in results] == [5 + i for i in range(12)]
+    await assert_concurrent_counts(oa, 5, 12)
 
-    out = await oa.completions.create(
-        model=MODEL,
-        prompt="some words for the prompt",
-        max_tokens=11,
-        extra_body={"min_tokens": 11, "ignore_eos": True, "nvext": {"extra_fields": ["worker_id"]}},
+    out = await unary_completion(
+        oa, "some words for the prompt", 11, nvext={"extra_fields": ["worker_id"]}
     )
-    assert len(out.choices[0].text.split()) == 11
     assert out.usage.completion_tokens == 11
     assert "handoff" not in out.model_dump_json()
     ids = out.model_extra["nvext"]["worker_id"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import socket
 import statistics
 import struct
 import time
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -93,6 +95,23 @@ async def start_server(handler, settings: SocketSettings | None = None) -> Reque
     return server
 
 
+@contextlib.asynccontextmanager
+async def plane(
+    handler,
+    client_settings: SocketSettings | None = None,
+    server_settings: SocketSettings | None = None,
+) -> AsyncIterator[tuple[RequestPlaneServer, RequestPlaneClient]]:
+    """A server of `handler` and a client of it, both closed at the end (a test may close either
+    before: closing twice is harmless)."""
+    server = await start_server(handler, server_settings)
+    client = RequestPlaneClient(server.address, client_settings)
+    try:
+        yield server, client
+    finally:
+        await client.close()
+        await server.close()
+
+
 @both_loops
 async def test_frames_roundtrip_and_limits() -> None:
     reader = FrameReader()
@@ -110,9 +129,7 @@ async def test_frames_roundtrip_and_limits() -> None:
 
 @both_loops
 async def test_one_stream_end_to_end() -> None:
-    server = await start_server(counting_handler)
-    client = RequestPlaneClient(server.address, SocketSettings())
-    try:
+    async with plane(counting_handler) as (_, client):
         stream = await client.open_stream({"n": 5, "base": 100})
         tokens, end, _ = await collect(stream)
         assert tokens == [100, 101, 102, 103, 104]
@@ -120,16 +137,11 @@ async def test_one_stream_end_to_end() -> None:
         assert stream.ended
         assert [x async for x in stream] == []  # ends after END
         assert client.in_flight() == 0
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
 async def test_many_streams_multiplexed_on_the_pool() -> None:
-    server = await start_server(counting_handler)
-    client = RequestPlaneClient(server.address, SocketSettings(pool_size=2))
-    try:
+    async with plane(counting_handler, SocketSettings(pool_size=2)) as (server, client):
         streams = [await client.open_stream({"n": 20, "base": i * 1000}) for i in range(40)]
         results = await asyncio.gather(*(collect(s) for s in streams))
         for i, (tokens, end, _) in enumerate(results):
@@ -141,9 +153,6 @@ async def test_many_streams_multiplexed_on_the_pool() -> None:
         before = {s.getsockname() for s in client.sockets()}
         await collect(await client.open_stream({"n": 1, "base": 0}))
         assert {s.getsockname() for s in client.sockets()} == before
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
@@ -156,9 +165,7 @@ async def test_cancel_reaches_the_handler() -> None:
         seen_cancel.set()
         sink.end({**ok_end(1), "finish": "cancelled"})
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address)
-    try:
+    async with plane(handler) as (_, client):
         stream = await client.open_stream({})
         ftype, payload = await anext(stream)
         assert (ftype, payload) == (CHUNK, {"t": [1]})
@@ -168,9 +175,6 @@ async def test_cancel_reaches_the_handler() -> None:
             ftype, payload = await anext(stream)
         assert ftype == END and payload["finish"] == "cancelled"
         assert seen_cancel.is_set()
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
@@ -184,9 +188,7 @@ async def test_connection_loss_ends_streams_unavailable_and_cancels_sinks() -> N
         await sink.cancelled.wait()  # never ends on its own
         sink.end(error_end("cancelled", "gone", 499))
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
-    try:
+    async with plane(handler, SocketSettings(pool_size=1)) as (server, client):
         streams = [await client.open_stream({}) for _ in range(3)]
         await started.wait()
         await asyncio.sleep(0.05)
@@ -208,9 +210,6 @@ async def test_connection_loss_ends_streams_unavailable_and_cancels_sinks() -> N
         await stream.cancel()
         _, end, _ = await collect(stream)
         assert end["error"]["kind"] == "cancelled"
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
@@ -222,9 +221,7 @@ async def test_client_drop_cancels_the_sink() -> None:
         await sink.cancelled.wait()
         sink.end(error_end("cancelled", "client went away", 499))
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address)
-    try:
+    async with plane(handler) as (_, client):
         stream = await client.open_stream({})
         async with asyncio.timeout(5):
             while not got:
@@ -234,8 +231,6 @@ async def test_client_drop_cancels_the_sink() -> None:
         assert end["error"]["kind"] == "unavailable"
         async with asyncio.timeout(5):
             await got[0].cancelled.wait()
-    finally:
-        await server.close()
 
 
 @both_loops
@@ -243,17 +238,13 @@ async def test_server_close_ends_running_streams() -> None:
     async def handler(request: dict, sink: StreamSink) -> None:
         await asyncio.sleep(30)
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address)
-    try:
+    async with plane(handler) as (server, client):
         stream = await client.open_stream({})
         await asyncio.sleep(0.05)
         await server.close()
         async with asyncio.timeout(5):
             _, end, _ = await collect(stream)
         assert end["error"]["kind"] == "unavailable"
-    finally:
-        await client.close()
 
 
 @both_loops
@@ -263,9 +254,7 @@ async def test_handler_failures_become_error_ends() -> None:
             raise RuntimeError("boom")
         # "forget": returns without END
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address)
-    try:
+    async with plane(handler) as (_, client):
         _, end, _ = await collect(await client.open_stream({"mode": "raise"}))
         assert end["error"]["kind"] == "engine_error" and "boom" in end["error"]["message"]
         _, end, _ = await collect(await client.open_stream({"mode": "forget"}))
@@ -273,9 +262,6 @@ async def test_handler_failures_become_error_ends() -> None:
         # Still serving after both.
         _, end, _ = await collect(await client.open_stream({"mode": "forget"}))
         assert end["error"]["kind"] == "protocol"
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
@@ -331,9 +317,7 @@ async def test_frames_of_one_iteration_leave_in_one_send() -> None:
         sink.chunk({"t": [3], "lp": [-0.3]})
         sink.end(ok_end(3))
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
-    try:
+    async with plane(handler, SocketSettings(pool_size=1)) as (server, client):
         await collect(await client.open_stream({}))  # opens the connection
         (cconn,) = [c for c in client._slots if c is not None]
         (sconn,) = server._connections
@@ -348,16 +332,12 @@ async def test_frames_of_one_iteration_leave_in_one_send() -> None:
         payloads = [p for f, p in [x async for x in stream] if f == CHUNK]
         assert payloads == [{"t": [1], "lp": [-0.1]}, {"t": [2], "lp": [-0.2]},
                             {"t": [3], "lp": [-0.3]}]
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
 async def test_split_writes_send_header_then_body() -> None:
-    server = await start_server(counting_handler)
-    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1, split_writes=True))
-    try:
+    settings = SocketSettings(pool_size=1, split_writes=True)
+    async with plane(counting_handler, settings) as (_, client):
         await collect(await client.open_stream({"n": 1, "base": 0}))
         (cconn,) = [c for c in client._slots if c is not None]
         sends = SendCounter(cconn)
@@ -373,16 +353,11 @@ async def test_split_writes_send_header_then_body() -> None:
         stream = await client.open_stream({"n": 2, "base": 0})
         assert sends.sizes == [9, 9, len(orjson.dumps({"n": 2, "base": 0}))]
         await collect(stream)
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
 async def test_coalesced_requests_are_one_send_by_default() -> None:
-    server = await start_server(counting_handler)
-    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
-    try:
+    async with plane(counting_handler, SocketSettings(pool_size=1)) as (_, client):
         await collect(await client.open_stream({"n": 1, "base": 0}))
         (cconn,) = [c for c in client._slots if c is not None]
         sends = SendCounter(cconn)
@@ -390,9 +365,6 @@ async def test_coalesced_requests_are_one_send_by_default() -> None:
         assert sends.sizes == []  # deferred to the loop-iteration flush
         await collect(stream)
         assert sends.sizes == [9 + len(orjson.dumps({"n": 1, "base": 0}))]
-    finally:
-        await client.close()
-        await server.close()
 
 
 @pytest.mark.parametrize("client_nodelay", [True, False])
@@ -404,18 +376,13 @@ async def test_nodelay_settings_reach_the_sockets(
     settings = SocketSettings(
         client_nodelay=client_nodelay, server_nodelay=server_nodelay, pool_size=3
     )
-    server = await start_server(counting_handler, settings)
-    client = RequestPlaneClient(server.address, settings)
-    try:
+    async with plane(counting_handler, settings, settings) as (server, client):
         streams = [await client.open_stream({"n": 2, "base": 0}) for _ in range(3)]
         for s in streams:
             await collect(s)
         assert len(client.sockets()) == 3 and len(server.sockets()) == 3
         assert [get_nodelay(s) for s in client.sockets()] == [client_nodelay] * 3
         assert [get_nodelay(s) for s in server.sockets()] == [server_nodelay] * 3
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
@@ -463,9 +430,7 @@ async def _median_second_request_ms(settings: SocketSettings, n: int = 7) -> flo
     async def handler(request: dict, sink: StreamSink) -> None:
         sink.end(ok_end(0))
 
-    server = await start_server(handler, settings)
-    client = RequestPlaneClient(server.address, settings)
-    try:
+    async with plane(handler, settings, settings) as (_, client):
         await collect(await client.open_stream({"pad": "x" * 200}))  # request #1: always fast
         times = []
         for _ in range(n):
@@ -474,9 +439,6 @@ async def _median_second_request_ms(settings: SocketSettings, n: int = 7) -> flo
             await collect(await client.open_stream({"pad": "x" * 200}))
             times.append((time.perf_counter() - started) * 1000)
         return statistics.median(times)
-    finally:
-        await client.close()
-        await server.close()
 
 
 @pytest.mark.kernel_delayed_ack
@@ -511,9 +473,7 @@ async def test_an_oversized_request_is_refused_without_breaking_the_connection()
             await asyncio.sleep(0.01)
         sink.end(ok_end(request["n"]))
 
-    server = await start_server(slow_handler)
-    client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
-    try:
+    async with plane(slow_handler, SocketSettings(pool_size=1)) as (_, client):
         running = await client.open_stream({"n": 20})
         await anext(running)  # in flight on the (only) connection
         big = await client.open_stream({"n": 1, "pad": "x" * (MAX_PAYLOAD + 10)})
@@ -522,9 +482,6 @@ async def test_an_oversized_request_is_refused_without_breaking_the_connection()
         tokens, end, _ = await collect(running)
         assert end["error"] is None and len(tokens) == 19  # the other stream was not hurt
         assert seen == [0]  # the oversized request never reached the worker
-    finally:
-        await client.close()
-        await server.close()
 
 
 @both_loops
@@ -563,10 +520,8 @@ async def test_direct_chunks_keep_their_order_with_queued_ones() -> None:
             sink.chunk({"t": [i]})
         sink.end(ok_end(6))
 
-    server = await start_server(handler)
-    client = RequestPlaneClient(server.address, SocketSettings())
     taken: list[int] = []
-    try:
+    async with plane(handler) as (_, client):
         stream = await client.open_stream({})
 
         def direct(p: dict) -> bool:
@@ -580,6 +535,3 @@ async def test_direct_chunks_keep_their_order_with_queued_ones() -> None:
         assert taken == [0, 1]  # 3, 4, 5 arrived while 2 was still queued
         assert [p["t"][0] for f, p in rest if f == CHUNK] == [2, 3, 4, 5]
         assert rest[-1][0] == END
-    finally:
-        await client.close()
-        await server.close()

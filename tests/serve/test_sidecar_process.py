@@ -73,12 +73,11 @@ async def wait_exit(proc, timeout: float = 20) -> int:
     return proc.popen.returncode
 
 
-async def test_sidecar_registers_and_serves(spawn, tmp_path: Path) -> None:
-    disc = tmp_path / "disc"
+async def test_sidecar_registers_and_serves(spawn, disc: Path, registry: FileRegistry) -> None:
     engine = spawn("engine-0", engine_argv(instance="engine-0-aaaa"))
     sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0"))
     assert sidecar.ready["role"] == "sidecar" and sidecar.ready["id"] == "sidecar-0"
-    (record,) = await FileRegistry(disc).list()
+    (record,) = await registry.list()
     assert record.address == sidecar.address and record.role == "aggregated"
     assert record.instance_id == "engine-0-aaaa" and record.context_length == 32768
     assert record.pid == sidecar.pid
@@ -105,13 +104,14 @@ async def test_sidecar_registers_and_serves(spawn, tmp_path: Path) -> None:
     assert "pandas" not in maps and "matplotlib" not in maps
 
 
-async def test_prefill_handoff_decode_and_mangled_handoff(spawn, tmp_path: Path) -> None:
-    disc = tmp_path / "disc"
+async def test_prefill_handoff_decode_and_mangled_handoff(
+    spawn, disc: Path, registry: FileRegistry
+) -> None:
     pe = spawn("engine-prefill-0", engine_argv("prefill"))
     de = spawn("engine-decode-0", engine_argv("decode"))
     spawn("sidecar-prefill-0", sidecar_argv(pe.address, disc, "sidecar-prefill-0"))
     spawn("sidecar-decode-0", sidecar_argv(de.address, disc, "sidecar-decode-0"))
-    records = {r.worker_id: r for r in await FileRegistry(disc).list()}
+    records = {r.worker_id: r for r in await registry.list()}
     assert records["sidecar-prefill-0"].role == "prefill"
     assert records["sidecar-decode-0"].role == "decode"
     prefill = RequestPlaneClient(records["sidecar-prefill-0"].address)
@@ -169,8 +169,7 @@ async def running(address: str) -> int:
         return load.running_requests
 
 
-async def test_cancel_stops_the_engine_request(spawn, tmp_path: Path) -> None:
-    disc = tmp_path / "disc"
+async def test_cancel_stops_the_engine_request(spawn, disc: Path) -> None:
     engine = spawn("engine-0", engine_argv(speedup=1))
     sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0"))
     client = RequestPlaneClient(sidecar.address)
@@ -218,9 +217,7 @@ async def test_missing_context_length_is_a_startup_error(spawn, tmp_path: Path) 
         await server.stop(0)
 
 
-async def test_sigterm_withdraws_then_exits_0(spawn, tmp_path: Path) -> None:
-    disc = tmp_path / "disc"
-    registry = FileRegistry(disc)
+async def test_sigterm_withdraws_then_exits_0(spawn, disc: Path, registry: FileRegistry) -> None:
     engine = spawn("engine-0", engine_argv())
     sidecar = spawn(
         "sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--grace-period", "1")
@@ -243,10 +240,8 @@ async def test_sigterm_withdraws_then_exits_0(spawn, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fault", ["not_serving", "kill"])
 async def test_engine_loss_withdraws_while_running_then_exits_1(
-    spawn, tmp_path: Path, fault: str
+    spawn, disc: Path, registry: FileRegistry, fault: str
 ) -> None:
-    disc = tmp_path / "disc"
-    registry = FileRegistry(disc)
     engine = spawn("engine-0", engine_argv(speedup=1, instance="engine-0-bbbb"))
     sidecar = spawn(
         "sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--grace-period", "1.5")

@@ -80,10 +80,8 @@ def test_stall_check_counts_only_busy_time() -> None:
 
 @pytest.mark.parametrize("fault", ["freeze", "stop"])
 async def test_stalled_engine_leaves_rotation_and_returns(
-    spawn, tmp_path: Path, fault: str
+    spawn, disc: Path, registry: FileRegistry, fault: str
 ) -> None:
-    disc = tmp_path / "disc"
-    registry = FileRegistry(disc)
     engine = spawn("engine-0", stall_engine_argv())
     admin = engine.ready["admin"]
     sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--stall", "1"))
@@ -126,9 +124,9 @@ async def test_stalled_engine_leaves_rotation_and_returns(
           "after the resume")
 
 
-async def test_a_frozen_engine_is_never_registered(spawn, tmp_path: Path) -> None:
-    disc = tmp_path / "disc"
-    registry = FileRegistry(disc)
+async def test_a_frozen_engine_is_never_registered(
+    spawn, disc: Path, registry: FileRegistry
+) -> None:
     engine = spawn("engine-0", stall_engine_argv())
     await freeze(engine.ready["admin"], True)
     sidecar = spawn(

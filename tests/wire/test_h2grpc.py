@@ -7,6 +7,7 @@ sleeps: every wait is on a condition, under a generous timeout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -203,12 +204,36 @@ async def service() -> Service:
     return Service()
 
 
-async def start_server(kind: str, service: Service) -> tuple[Any, int]:
-    server: Any = H2GrpcServer() if kind == "h2" else grpc.aio.server()
+def new_server(kind: str, service: Service, options: list[tuple[str, Any]] | None = None) -> Any:
+    """An h2grpc ("h2") or grpc.aio server of `service`, not started (`options`: grpc.aio's)."""
+    server: Any = H2GrpcServer() if kind == "h2" else grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((service.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    return server
+
+
+async def started(server: Any, port: int = 0) -> tuple[Any, int]:
+    """Start `server` on 127.0.0.1:`port` (0: a free port); the server and its port."""
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    assert port in (0, bound), (port, bound)
     await server.start()
-    return server, port
+    return server, bound
+
+
+async def start_server(kind: str, service: Service, port: int = 0) -> tuple[Any, int]:
+    return await started(new_server(kind, service), port)
+
+
+@contextlib.asynccontextmanager
+async def channel_to(server: Any) -> AsyncIterator[H2GrpcChannel]:
+    """Start `server` on a free port and open an H2GrpcChannel to it; close both at the end (a
+    test may close either before: both closes are idempotent)."""
+    _, port = await started(server)
+    channel = H2GrpcChannel(f"127.0.0.1:{port}")
+    try:
+        yield channel
+    finally:
+        await channel.close()
+        await server.stop(None)
 
 
 def make_client(kind: str, port: int) -> Any:
@@ -378,9 +403,7 @@ async def test_one_step_of_n_streams_is_one_write(service: Service, client_kind:
 
 async def test_client_calls_of_one_iteration_are_one_write(service: Service) -> None:
     """The h2 client's HEADERS+DATA of N calls started in one iteration share one write."""
-    server, port = await start_server("aio", service)
-    channel = H2GrpcChannel(f"127.0.0.1:{port}")
-    try:
+    async with channel_to(new_server("aio", service)) as channel:
         assert await channel.unary_unary(UNARY)(b"warm") == b"warm"
         conn = channel._conn
         assert conn is not None
@@ -389,9 +412,6 @@ async def test_client_calls_of_one_iteration_are_one_write(service: Service) -> 
         calls = [channel.unary_unary(UNARY)(b"%d" % i) for i in range(32)]
         assert await asyncio.gather(*calls) == [b"%d" % i for i in range(32)]
         assert len(set(data_frames(counter.writes[0]))) == 32
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 # -- lifecycle ------------------------------------------------------------------------------------
@@ -427,10 +447,7 @@ async def test_client_reconnects_after_server_restart(service: Service) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await channel.unary_unary(UNARY)(b"b")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        server2 = H2GrpcServer()
-        server2.add_generic_rpc_handlers((service.handler(),))
-        assert server2.add_insecure_port(f"127.0.0.1:{port}") == port
-        await server2.start()
+        server2, _ = await start_server("h2", service, port)
         try:
             assert await channel.unary_unary(UNARY)(b"c") == b"c"
         finally:
@@ -455,8 +472,7 @@ async def test_registered_method_handlers_and_context(service: Service) -> None:
     server.add_registered_method_handlers(
         "r.R", {"Probe": grpc.unary_unary_rpc_method_handler(probe)}
     )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    _, port = await started(server)
     try:
         for channel in (
             grpc.aio.insecure_channel(f"127.0.0.1:{port}"),
@@ -493,10 +509,7 @@ async def test_generated_stub_and_servicer_registration() -> None:
     await servicer.set("svc", health_pb2.HealthCheckResponse.SERVING)
     server = H2GrpcServer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = H2GrpcChannel(f"127.0.0.1:{port}")
-    try:
+    async with channel_to(server) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = await stub.Check(health_pb2.HealthCheckRequest(service="svc"), timeout=WAIT)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -510,33 +523,21 @@ async def test_generated_stub_and_servicer_registration() -> None:
         second = await watch.read()
         assert second.status == health_pb2.HealthCheckResponse.NOT_SERVING
         watch.cancel()
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 async def test_client_respects_max_concurrent_streams(service: Service) -> None:
     """More calls than the server's SETTINGS_MAX_CONCURRENT_STREAMS wait instead of failing."""
-    server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 4)])
-    server.add_generic_rpc_handlers((service.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = H2GrpcChannel(f"127.0.0.1:{port}")
-    try:
+    server = new_server("aio", service, options=[("grpc.max_concurrent_streams", 4)])
+    async with channel_to(server) as channel:
         assert await channel.unary_unary(UNARY)(b"settings") == b"settings"
         client = AsyncClient(channel)
         results = await asyncio.gather(*(client.stream(STREAM, b"100:10") for _ in range(40)))
         assert channel._conn is not None and channel._conn.peer_max_streams == 4
         assert all(r == [_msg(i, 10) for i in range(100)] for r in results)
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 async def test_channel_close_cancels_inflight_calls(service: Service) -> None:
-    server, port = await start_server("h2", service)
-    channel = H2GrpcChannel(f"127.0.0.1:{port}")
-    try:
+    async with channel_to(new_server("h2", service)) as channel:
         call = channel.unary_stream(HANG)(b"k1")
         it = call.__aiter__()
         assert await it.__anext__() == b"first"
@@ -545,8 +546,6 @@ async def test_channel_close_cancels_inflight_calls(service: Service) -> None:
             await it.__anext__()
         assert await call.code() == grpc.StatusCode.CANCELLED
         await wait_event(service.event(service.finalized, "k1"))
-    finally:
-        await server.stop(None)
 
 
 async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
@@ -564,10 +563,7 @@ async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
             await channel.unary_unary(UNARY)(b"hasty")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         await wait_for(lambda: channel._failure is not None, WAIT, interval=0)
-        server = H2GrpcServer()
-        server.add_generic_rpc_handlers((service.handler(),))
-        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
-        await server.start()
+        server, _ = await start_server("h2", service, port)
         try:
             assert await waiting == b"patient"
         finally:
