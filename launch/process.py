@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -169,20 +169,9 @@ class ManagedProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def view(self) -> ProcessView:
-        return ProcessView(
-            name=self.name,
-            role=self.role,
-            fleet_role=self.fleet_role,
-            pid=self.pid,
-            address=self.address,
-            state=self.state,
-            restarts=self.restarts,
-            instance_id=self.instance_id,
-            exit_code=self.exit_code,
-            create_time=self.create_time,
-            log=str(self.log_path),
-            host=self.host,
-        )
+        """The view's fields, read from the attributes of the same name (the log as a path)."""
+        shown = {f.name: getattr(self, f.name) for f in fields(ProcessView) if f.name != "log"}
+        return ProcessView(**shown, log=str(self.log_path))
 
 
 def _create_time(pid: int) -> float | None:
