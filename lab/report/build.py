@@ -1,8 +1,8 @@
 """Analyse a run directory: levels.csv/json, plots/*.png and report.md, from requests.parquet
 (+ procs.parquet, client.json, config.json and events.jsonl when present).
 
-`lab sweep` calls `write_levels_only` after every level and `build_run` at the end;
-`lab report RUN` calls `build_run`.
+`lab sweep` rewrites levels.csv/json after every level itself (lab.load.sweep.SweepRunner) and
+calls `build_run` at the end; `lab report RUN` calls `build_run`.
 """
 
 from __future__ import annotations
@@ -69,15 +69,6 @@ def compute_levels(run_dir: Path, requests: pd.DataFrame | None = None,
     procs = rundir.read_procs(run_dir)
     levels = summarize_run(requests, procs=procs, clients=clients, slos=_slos(config))
     return levels, by_concurrency(levels)
-
-
-def write_levels_only(run_dir: Path, requests: pd.DataFrame, config: dict,
-                      procs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """levels.csv/json from what is known so far (called after each level of a sweep)."""
-    clients = rundir.read_json(Path(run_dir) / rundir.CLIENT_JSON, {}) or {}
-    levels = summarize_run(requests, procs=procs, clients=clients, slos=_slos(config))
-    rundir.write_levels(run_dir, levels)
-    return levels
 
 
 def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
