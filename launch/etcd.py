@@ -152,16 +152,15 @@ class LocalEtcd:
         raise last
 
     async def _spawn_and_wait(self, binary: str) -> None:
-        from lab.shared.pdeath import make_preexec
+        from lab.shared.pdeath import through_pdeath
 
         with open(self.log_path, "ab") as log:
             self.process = await asyncio.create_subprocess_exec(
-                *self._argv(binary),
+                *through_pdeath(self._argv(binary)),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                preexec_fn=make_preexec(),
                 env={**os.environ, **self.env},
             )
         deadline = time.monotonic() + self.ready_timeout_s

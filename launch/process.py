@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -11,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lab.shared.pdeath import make_preexec
+from lab.shared.pdeath import through_pdeath
 from lab.wire.ready import parse_ready
 
 # States a process goes through. "exited": down and not coming back (policy);
@@ -95,13 +94,13 @@ class ManagedProcess:
                       f"{' '.join(argv)}\n".encode())
             log.flush()
             self.log_offset = log.tell()
+            # No preexec_fn: the child sets its own parent-death signal (lab.shared.pdeath).
             self.popen = subprocess.Popen(
-                argv,
+                through_pdeath(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=make_preexec(signal.SIGKILL),
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env,
                      ENV_PROCESS: self.name},
                 close_fds=True,
