@@ -105,15 +105,20 @@ def _max_tokens(
 ) -> tuple[int, int]:
     explicit = stopping.HasField("max_tokens")
     requested = stopping.max_tokens if explicit else None
+    min_tokens = stopping.min_tokens if stopping.HasField("min_tokens") else 0
     if context_only:
         if requested != 1:
             raise invalid("a context_only request must ask for exactly one token (max_tokens=1)")
+        # A context leg's budget is its one token, whatever the client's min_tokens: Dynamo's
+        # sidecar forwards the client's min_tokens on the prefill leg, and the reference TRT-LLM
+        # mocker (lib/mocker/servers/trtllm, max_output_tokens) returns the one-token budget
+        # before it ever compares min_tokens, so such a leg is served, not refused.
+        min_tokens = min(min_tokens, 1)
     elif explicit and requested == 0:
         raise invalid("max_tokens must be greater than zero")
     max_tokens = requested if requested is not None else DEFAULT_MAX_TOKENS
     if max_tokens > MAX_OUTPUT_TOKENS:
         raise invalid(f"max_tokens {max_tokens} exceeds the Mocker limit of {MAX_OUTPUT_TOKENS}")
-    min_tokens = stopping.min_tokens if stopping.HasField("min_tokens") else 0
     if min_tokens > max_tokens:
         raise invalid(f"min_tokens {min_tokens} exceeds max_tokens {max_tokens}")
     if prompt_len >= cfg.context_length:

@@ -110,6 +110,14 @@ def test_prefill_requires_a_single_token_budget(prefill: Engine):
         assert "exactly one token" in err.details()
 
 
+def test_prefill_serves_a_context_leg_whose_min_tokens_exceeds_its_one_token(prefill: Engine):
+    # Dynamo's TRT-LLM sidecar forwards the client's min_tokens on the prefill leg; the reference
+    # mocker serves it (the one-token budget is returned before min_tokens is compared).
+    out = prefill_leg(prefill, "pm-1", min_tokens=128)
+    assert events(out) == ["token", "prefill_ready"]
+    assert assert_one_terminal(out).usage.completion_tokens == 1
+
+
 def test_disaggregated_roles_report_their_identity_and_sessions(prefill: Engine, decode: Engine):
     for engine, role in ((prefill, server_pb2.ENGINE_ROLE_PREFILL),
                          (decode, server_pb2.ENGINE_ROLE_DECODE)):
