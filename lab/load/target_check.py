@@ -84,6 +84,10 @@ async def served_models(url: str, timeout_s: float) -> tuple[int, list[str] | No
                           "--target") from None
 
 
+# The output-length fields every request carries (lab.load.workload.build_body).
+SENT_LENGTH_FIELDS = "max_tokens = min_tokens = the OSL, ignore_eos true"
+
+
 def _advice(status: int, text: str, spec: WorkloadSpec, path: str) -> tuple[str, str]:
     """(what to try, the option) for an HTTP error answer to the probe."""
     low = text.lower()
@@ -98,8 +102,10 @@ def _advice(status: int, text: str, spec: WorkloadSpec, path: str) -> tuple[str,
                     "--prompt-kind text (with --tokenizer for exact lengths)"), "--prompt-kind"
         if spec.endpoint != "chat" and spec.prompt_kind == "words":
             return "try --prompt-kind text", "--prompt-kind"
-        other = "completions" if spec.endpoint == "chat" else "chat"
-        return f"the request was refused: try --endpoint {other}", "--endpoint"
+        # No endpoint guess: a server that refuses a field (e.g. min_tokens on a prefill leg)
+        # refuses it on both endpoints, so the server's own text is the advice.
+        return (f"the server refused the request as sent ({SENT_LENGTH_FIELDS}); its answer "
+                "above (and its log) says which part"), "--target"
     if status in (401, 403):
         return "the server wants credentials the lab does not send", "--target"
     return "the server failed the request", "--target"

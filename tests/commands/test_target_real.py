@@ -149,6 +149,20 @@ def test_probe_failures_name_status_error_and_option(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_refused_field_is_quoted_not_answered_with_an_endpoint_guess(
+        strict: Callable[..., str], tmp_path: Path, endpoint: str) -> None:
+    # Dynamo's frontend refused every request of a disaggregated stack on both endpoints; the
+    # probe used to advise switching --endpoint, which cannot help.
+    url = strict("--refuse-min-tokens")
+    code, text = run(sweep, "--target", url, "--endpoint", endpoint, "--out",
+                     str(tmp_path / "never"))
+    assert code == 2, text
+    for needle in ("'--target'", "HTTP 400", "min_tokens", "refused", "max_tokens = min_tokens"):
+        assert needle in text, (needle, text)
+    assert "try --endpoint" not in text, text
+
+
 def test_unreachable_and_bad_urls() -> None:
     for cmd in (sweep, nagle):
         code, text = run(cmd, "--target", "http://127.0.0.1:9")

@@ -9,7 +9,8 @@ they differ from the lab's frontend:
 
 Options for the failure tests: `--fail-after N` (503 for every request after the first N),
 `--no-stream` (answers a streaming request with a plain JSON body), `--token-ids-ok`, and
-`--stream-usage` (accepts `stream_options.include_usage` and sends usage, as vLLM does).
+`--stream-usage` (accepts `stream_options.include_usage` and sends usage, as vLLM does), and
+`--refuse-min-tokens` (400 in Dynamo's error shape for any non-zero `min_tokens`).
 
 Run it as a process: `python -m tests.load.strict_openai --port 0 --tokenizer DIR` (prints a
 ready line naming its address). It records every request's prompt token count in memory and
@@ -43,6 +44,7 @@ class StrictOpenAI(FakeServer):
     stream: bool = field(default=True, kw_only=True)
     token_ids_ok: bool = field(default=False, kw_only=True)
     stream_usage: bool = field(default=False, kw_only=True)
+    refuse_min_tokens: bool = field(default=False, kw_only=True)
     seen: int = field(default=0, init=False)
     #: every request's prompt token count, in order (served at GET /debug/prompt_tokens)
     prompt_tokens: list[int] = field(default_factory=list, init=False)
@@ -84,6 +86,10 @@ class StrictOpenAI(FakeServer):
         if body.get("model") != self.model:
             return _error(404, f"The model `{body.get('model')}` does not exist.",
                           "NotFoundError")
+        if self.refuse_min_tokens and body.get("min_tokens"):
+            return web.json_response(  # Dynamo's error shape: {message, type, code}
+                {"message": f"min_tokens {body['min_tokens']} refused", "type": "Bad Request",
+                 "code": 400}, status=400)
         if "stream_options" in body and not self.stream_usage:
             return _error(400, "Unrecognized request argument supplied: stream_options")
         self.seen += 1
@@ -131,12 +137,14 @@ def main() -> None:
     ap.add_argument("--token-ids-ok", action="store_true")
     ap.add_argument("--fail-after", type=int, default=None)
     ap.add_argument("--stream-usage", action="store_true")
+    ap.add_argument("--refuse-min-tokens", action="store_true")
     args = ap.parse_args()
     serve_forever(lambda: StrictOpenAI(args.tokenizer, model=args.model,
                                        models_endpoint=not args.no_models,
                                        fail_after=args.fail_after, stream=not args.no_stream,
                                        token_ids_ok=args.token_ids_ok,
-                                       stream_usage=args.stream_usage),
+                                       stream_usage=args.stream_usage,
+                                       refuse_min_tokens=args.refuse_min_tokens),
                   args.port, "strict")
 
 
