@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -103,13 +104,14 @@ def served_models(url: str) -> list[str]:
         return []
 
 
-def wait_until(ready: callable, what: str, alive: callable, timeout_s: float) -> None:  # type: ignore[valid-type]
-    """Poll `ready()` until true; raise when `alive()` names a dead process or time runs out."""
+def wait_until(ready: Callable[[], bool], what: str, dead: Callable[[], str | None],
+               timeout_s: float) -> None:
+    """Poll `ready()` until true; raise when `dead()` names a dead process or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        dead = alive()
-        if dead:
-            raise RuntimeError(f"{dead} exited while waiting for {what}")
+        gone = dead()
+        if gone:
+            raise RuntimeError(f"{gone} exited while waiting for {what}")
         if ready():
             return
         time.sleep(0.2)

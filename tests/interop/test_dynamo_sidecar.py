@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from lab.commands.sweep import sweep
 from lab.wire import constants as wc
+from mocker.server.pb import generation_pb2
 from mocker.server.recorder import list_recorded
 from tests.interop import dynamo_stack as dyn
 from tests.interop.model_dir import build_model_dir
@@ -125,14 +126,13 @@ def assert_one_token_per_chunk(req: pd.DataFrame) -> None:
     assert (req["tokens_per_chunk"] == 1.0).all(), req["tokens_per_chunk"].describe()
 
 
-def recorded(proc: Proc) -> list:
+def recorded(proc: Proc) -> list[generation_pb2.GenerateRequest]:
     with grpc.insecure_channel(proc.address) as channel:
         return list_recorded(channel)
 
 
-def is_context_only(r: object) -> bool:
-    extra = r.extra  # type: ignore[attr-defined]
-    v = extra.fields.get(wc.REQUEST_TYPE_KEY) if r.HasField("extra") else None  # type: ignore[attr-defined]
+def is_context_only(r: generation_pb2.GenerateRequest) -> bool:
+    v = r.extra.fields.get(wc.REQUEST_TYPE_KEY) if r.HasField("extra") else None
     return v is not None and v.string_value == wc.CONTEXT_ONLY
 
 
