@@ -4,6 +4,10 @@
 A tokenizer's vocabulary is every id it knows (added tokens included) but its special added
 tokens (BOS, EOS, `<|eot_id|>`, pad, ...): a real engine samples from the model's vocabulary and
 a special token only ends a request, which the mocker does by its stop-token handling instead.
+Also left out: ids that decode on their own to no text or to text with U+FFFD (a byte-level
+piece of a UTF-8 character). A model emits those only in runs that complete a character; ids
+drawn independently would not, so every emitted token is one whole piece of text, and a stream
+of N tokens is N text deltas at a streaming detokenizer (Dynamo's, vLLM's, the lab frontend's).
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ def tokenizer_allowed_ids(path: str) -> tuple[int, ...]:
     size = tok.get_vocab_size(with_added_tokens=True)
     special = {i for i, added in tok.get_added_tokens_decoder().items() if added.special}
     holes = {i for i in range(size) if tok.id_to_token(i) is None}
+    texts = tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    partial = {i for i, text in enumerate(texts) if not text or "\ufffd" in text}
     try:
-        return allowed_token_ids(size, special | holes)
+        return allowed_token_ids(size, special | holes | partial)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 
