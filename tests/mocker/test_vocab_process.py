@@ -66,3 +66,18 @@ def test_without_a_vocabulary_ids_stay_in_the_default_range(spawn) -> None:
     proc = spawn("engine-def", mocker_argv("--speedup-ratio", "0"))
     ids = tokens_of(generate(proc.address, request("d-1", max_tokens=N_TOKENS)))
     assert all(1000 <= i <= 31999 for i in ids) and max(ids) >= VOCAB_SIZE
+
+
+def test_the_tokenizer_table_leaves_out_specials_and_partial_characters(tok_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from mocker.server.vocab import allowed_ids
+
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    table = allowed_ids(str(tok_dir), 0)
+    texts = {i: tok.decode([i], skip_special_tokens=False) for i in range(VOCAB_SIZE)}
+    partial = {i for i, t in texts.items() if "\ufffd" in t}
+    assert partial  # a byte-level vocabulary has pieces of UTF-8 characters
+    assert set(table) == set(range(VOCAB_SIZE)) - partial - special_ids(tok_dir)
+    with pytest.raises(ValueError, match="not both"):
+        allowed_ids(str(tok_dir), 10)
