@@ -99,7 +99,8 @@ def main() -> None:
 @click.option(
     "--tokenizer", default="", metavar="PATH",
     help="The model's HuggingFace tokenizer.json (or a local model directory holding one): "
-    "output token ids are its vocabulary without its special tokens (BOS, EOS, pad, ...). "
+    "output token ids are its vocabulary without its special tokens (BOS, EOS, pad, ...) and "
+    "without ids that decode alone to a piece of a UTF-8 character (docs/mocker.md \"Tokens\"). "
     "[default: ids in [1000, 31999], the lab frontend's default word tokenizer]",
 )
 @click.option(
