@@ -72,6 +72,8 @@ def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
         # Fault injection (`lab fault`) on an address of its own; a hand-launched engine has none.
         "--admin-listen", f"{host}:0",
     ]
+    if spec.tokenizer is not None:  # the engines emit only ids of the frontend's vocabulary
+        argv += ["--tokenizer", spec.tokenizer]
     if fleet.engine_args:
         argv += ["--engine-args", json.dumps(fleet.engine_args, separators=(",", ":"))]
     return argv + list(fleet.extra_mocker_args)

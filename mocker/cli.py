@@ -11,6 +11,7 @@ from lab.wire.address import split_address
 from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from mocker.engine import EngineArgs
 from mocker.server import config as sc
+from mocker.server.vocab import allowed_ids
 
 _ENGINE_DEFAULTS = EngineArgs()
 
@@ -96,6 +97,17 @@ def main() -> None:
     help="Seed of the deterministic token ids and session UUIDs.",
 )
 @click.option(
+    "--tokenizer", default="", metavar="PATH",
+    help="The model's HuggingFace tokenizer.json (or a local model directory holding one): "
+    "output token ids are its vocabulary without its special tokens (BOS, EOS, pad, ...) and "
+    "without ids that decode alone to a piece of a UTF-8 character (docs/mocker.md \"Tokens\"). "
+    "[default: ids in [1000, 31999], the lab frontend's default word tokenizer]",
+)
+@click.option(
+    "--vocab-size", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Without --tokenizer: output token ids are 0 .. N-1. [default: ids in [1000, 31999]]",
+)
+@click.option(
     "--context-length", type=int, default=sc.DEFAULT_CONTEXT_LENGTH, show_default=True,
     callback=_positive,
     help="Context window (ModelInfo.max_context_length); outputs are clamped to it, prompts "
@@ -175,6 +187,8 @@ def serve(
     role: str,
     model: str,
     seed: int,
+    tokenizer: str,
+    vocab_size: int | None,
     context_length: int,
     max_concurrent_requests: int,
     speedup_ratio: float | None,
@@ -203,10 +217,16 @@ def serve(
             f"must be non-zero for the {role} role (it is published in the handoff)",
             param_hint="'--kv-port'",
         )
+    try:
+        allowed_ids(tokenizer, vocab_size or 0)  # a bad file fails here, in one line
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tokenizer'") from None
     cfg = sc.ServerConfig(
         role=role,
         model=model,
         seed=seed,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size or 0,
         context_length=context_length,
         max_concurrent_requests=max_concurrent_requests,
         kv_host=kv_host,

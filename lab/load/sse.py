@@ -9,7 +9,11 @@ clock read and one append.
 
 A chunk counts as a token chunk only if it carries content: non-empty `text` (completions),
 non-empty `delta.content` (chat), or non-empty `token_ids`. Role-only and usage-only chunks
-are not tokens.
+are not tokens. A chunk may carry several tokens' text (a streaming detokenizer holds back a
+token ending inside a UTF-8 character and sends it with the next one), so output tokens come
+from the server's usage when it has one, and tokens per chunk is usage tokens / content chunks;
+only without usage are output tokens the chunk count (`output_tokens_source` "chunks", a lower
+bound).
 """
 
 from __future__ import annotations

@@ -15,15 +15,22 @@ N tokens, which is what a load lab wants:
 `HFTokenizer` loads a HuggingFace `tokenizer.json` with the `tokenizers` package (imported only
 when used) through `lab.shared.hf_tokenizer`, the loader the workload uses too, so
 `lab up --tokenizer DIR` and `lab sweep --tokenizer DIR` count prompt tokens the same way
-(add_special_tokens=False).
-Its stop strings map when they encode to exactly one token. A stream
-decodes each chunk on its own, so a tokenizer whose decoder joins pieces across tokens (byte-level
-BPE splitting a character over two chunks) may render a chunk boundary differently from a
-one-shot decode; non-streaming responses decode all tokens at once.
+(add_special_tokens=False), and the launched engines emit only ids of its vocabulary
+(`mocker serve --tokenizer`). Its stop strings map when they encode to exactly one token.
+
+A stream decodes through `stream_decoder()`, an incremental detokenizer like vLLM's: each chunk's
+text is decode(context + new ids) minus decode(context), with a few previous tokens as context
+(so a decoder that joins pieces renders a boundary as a one-shot decode would), and text ending
+in U+FFFD (a byte-level token ending inside a UTF-8 character) is held back until a later token
+completes the character; the end of the stream flushes what is left. A chunk whose text is held
+back writes no event (its tokens reach the client with the next one; usage counts them).
+An id outside the vocabulary decodes to no text, as the `tokenizers` decoder does (a real engine
+never emits one; the launched mockers are given the same tokenizer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +57,71 @@ class Tokenizer(Protocol):
     def stop_token_id(self, stop: str) -> int | None:
         """The token id a stop string maps to, or None when it is not exactly one token."""
         ...
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A fresh incremental decoder for one stream (see the module docstring)."""
+        ...
+
+
+class StreamDecoder(Protocol):
+    def step(self, ids: list[int]) -> str:
+        """The text the stream may show after these ids ("" while it is held back)."""
+        ...
+
+    def flush(self) -> str:
+        """The text still held back at the end of the stream."""
+        ...
+
+
+class _Stateless:
+    """A stream decoder of a tokenizer whose tokens decode on their own (the word tokenizer)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.step = tokenizer.decode
+
+    def flush(self) -> str:
+        return ""
+
+
+#: Previous tokens an incremental decode keeps as context (vLLM keeps 5).
+INCREMENTAL_CONTEXT = 5
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """vLLM-style incremental detokenizer over any `decode(ids) -> str` (module docstring)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._read = 0  # ids before this are shown; ids[:read] is the context
+
+    def _delta(self) -> str:
+        ids = self._ids
+        context = self._decode(ids[: self._read]) if self._read else ""
+        return self._decode(ids)[len(context):]
+
+    def _advance(self) -> None:
+        ids = self._ids
+        del ids[: max(0, len(ids) - INCREMENTAL_CONTEXT)]
+        self._read = len(ids)
+
+    def step(self, ids: list[int]) -> str:
+        self._ids.extend(ids)
+        text = self._delta()
+        if text.endswith(_REPLACEMENT):
+            return ""  # an incomplete UTF-8 character: wait for the token that completes it
+        self._advance()
+        return text
+
+    def flush(self) -> str:
+        if self._read == len(self._ids):
+            return ""
+        text = self._delta()
+        self._advance()
+        return text
 
 
 def word_token_id(word: str) -> int:
@@ -98,6 +170,9 @@ class WordTokenizer:
                     pieces[i] = f"{_TOKEN_PREFIX}{i}> "
             return "".join([pieces[i] for i in ids])
 
+    def stream_decoder(self) -> StreamDecoder:
+        return _Stateless(self)
+
     def stop_token_id(self, stop: str) -> int | None:
         words = stop.split()
         if len(words) != 1 or words[0] != stop:
@@ -106,11 +181,7 @@ class WordTokenizer:
 
 
 class HFTokenizer:
-    """A HuggingFace `tokenizer.json` (file, or a directory holding one).
-
-    The mock engines' output ids are not bounded by this tokenizer's vocabulary, so decode maps
-    an id outside it to `id mod vocabulary size` (deterministic, and never empty text, which a
-    client would not count as a token)."""
+    """A HuggingFace `tokenizer.json` (file, or a directory holding one)."""
 
     def __init__(self, path: str | Path) -> None:
         from lab.shared.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
@@ -129,8 +200,10 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        n = self.vocab_size
-        return self._tok.decode([i if i < n else i % n for i in ids], skip_special_tokens=False)
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def stream_decoder(self) -> StreamDecoder:
+        return IncrementalDecoder(self.decode)
 
     def stop_token_id(self, stop: str) -> int | None:
         ids = self._tok.encode(stop, add_special_tokens=False).ids

@@ -14,6 +14,8 @@ from .scheduler import Burst, EngineMetrics, EngineRequest, PassResult, Schedule
 from .sim import run_until_idle
 from .timing import kv_transfer_ms
 from .tokens import (
+    DEFAULT_ALLOWED_IDS,
+    allowed_token_ids,
     deterministic_token_id,
     stable_request_uuid,
     synthetic_logprob,
@@ -22,6 +24,7 @@ from .tokens import (
 )
 
 __all__ = [
+    "DEFAULT_ALLOWED_IDS",
     "Burst",
     "EngineArgs",
     "EngineMetrics",
@@ -29,6 +32,7 @@ __all__ = [
     "PassResult",
     "Scheduler",
     "Signal",
+    "allowed_token_ids",
     "deterministic_token_id",
     "kv_transfer_ms",
     "run_until_idle",

@@ -98,6 +98,12 @@ class ServerConfig:
     stream_interval: int = DEFAULT_STREAM_INTERVAL
     #: GRPC_SERVERS: "h2" (lab.wire.h2grpc) or "aio" (grpc.aio).
     grpc_server: str = DEFAULT_GRPC_SERVER
+    #: The model's HuggingFace tokenizer (tokenizer.json or its directory): output ids are its
+    #: vocabulary but its special tokens (mocker.server.vocab). Empty = not given.
+    tokenizer: str = ""
+    #: Without a tokenizer: output ids are 0 .. vocab_size - 1. 0 = not given; neither given =
+    #: ids in [1000, 31999] (the frontend's default word tokenizer).
+    vocab_size: int = 0
     #: The simulation's own settings (scheduler, KV pool, timing).
     engine: EngineArgs = field(default_factory=EngineArgs)
 
@@ -112,5 +118,7 @@ class ServerConfig:
             raise ValueError(
                 f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}"
             )
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size must be >= 0, got {self.vocab_size}")
         if not self.instance_id:
             object.__setattr__(self, "instance_id", default_instance_id(self.role))

@@ -192,7 +192,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                         key=live.key,
                         prompt=prep.prompt,
                         max_output_tokens=prep.max_tokens,
-                        token_at=token_deriver(st.cfg.seed, rid),
+                        token_at=token_deriver(st.cfg.seed, rid, st.allowed_ids),
                         **resume,
                     ),
                 )

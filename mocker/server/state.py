@@ -13,6 +13,7 @@ from .engine_loop import EngineLoop
 from .health import HealthServicer
 from .inflight import LiveRequest
 from .recorder import RequestRecorder
+from .vocab import allowed_ids
 
 log = logging.getLogger("mocker.server")
 
@@ -20,6 +21,8 @@ log = logging.getLogger("mocker.server")
 class ServerState:
     def __init__(self, cfg: ServerConfig, scheduler: Scheduler, health: HealthServicer) -> None:
         self.cfg = cfg
+        #: The ids the engine emits (the token deriver's table).
+        self.allowed_ids = allowed_ids(cfg.tokenizer, cfg.vocab_size)
         self.by_id: dict[str, LiveRequest] = {}
         self.by_key: dict[str, LiveRequest] = {}
         self.loop = EngineLoop(scheduler, self.by_key)

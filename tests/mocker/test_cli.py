@@ -40,6 +40,8 @@ def test_serve_help_explains_every_option_and_its_default():
         ("--record-requests", "no-record-requests"),
         ("--stall-timeout", "30"),
         ("--grace", "5"),
+        ("--tokenizer", "ids in [1000, 31999]"),
+        ("--vocab-size", "ids in [1000, 31999]"),
     ]:
         assert option in text, option
         assert "".join(default.split()) in text, (option, default)
@@ -64,6 +66,9 @@ def test_serve_help_explains_every_option_and_its_default():
     "--seed -1",
     "--model ''",
     "--stall-timeout 0",
+    "--vocab-size 0",
+    ("--tokenizer /nonexistent/tok", "--tokenizer"),
+    ("--tokenizer /nonexistent/tok --vocab-size 5", "--tokenizer"),
 )
 def test_bad_serve_options_exit_2_naming_the_option(args, named):
     result = run("serve", *args)

@@ -5,9 +5,15 @@ from __future__ import annotations
 import struct
 import uuid
 
+import pytest
 from blake3 import blake3
 
-from mocker.engine import deterministic_token_id, stable_request_uuid
+from mocker.engine import (
+    DEFAULT_ALLOWED_IDS,
+    allowed_token_ids,
+    deterministic_token_id,
+    stable_request_uuid,
+)
 from mocker.engine.tokens import synthetic_logprob, token_deriver, token_text
 
 # pinned from the algorithm (seed 42, request "abc"): a change of derivation must fail here
@@ -57,3 +63,26 @@ def test_synthetic_logprob_and_text() -> None:
     assert synthetic_logprob(1000) == -0.1
     assert abs(synthetic_logprob(13659) - (-1.0)) < 1e-12
     assert token_text(1234) == "<token:1234>"
+
+
+def test_an_allowed_table_picks_hash_mod_its_length() -> None:
+    table = allowed_token_ids(100, excluded={0, 1, 99})
+    assert table == tuple(range(2, 99))
+    for seed, rid in [(42, "abc"), (7, "req-ü-1")]:
+        f = token_deriver(seed, rid, table)
+        for pos in (0, 1, 31, 2**40):
+            d = blake3(struct.pack("<Q", seed) + rid.encode() + struct.pack("<Q", pos)).digest()
+            want = table[int.from_bytes(d[:4], "little") % len(table)]
+            assert f(pos) == want == deterministic_token_id(seed, rid, pos, table)
+        assert f.many(5, 20) == [f(p) for p in range(5, 25)]  # type: ignore[attr-defined]
+    ids = token_deriver(42, "spread", table).many(0, 2000)  # type: ignore[attr-defined]
+    assert set(ids) == set(table)  # every allowed id is reachable, no other
+    # the default table is the reference's ids
+    assert token_deriver(42, "abc", DEFAULT_ALLOWED_IDS)(0) == PINNED_TOKENS[0]
+
+
+def test_an_allowed_table_needs_an_id() -> None:
+    with pytest.raises(ValueError, match="> 0"):
+        allowed_token_ids(0)
+    with pytest.raises(ValueError, match="no token id left"):
+        allowed_token_ids(2, excluded={0, 1})

@@ -1,7 +1,8 @@
 """`lab up --tokenizer PATH` / `lab sweep --tokenizer PATH`: the launched frontend tokenizes with
 the HuggingFace tokenizer, so the lab's stack counts the same prompt tokens as a real server,
-and every output token decodes to text a client counts (the mock engines' ids are not bounded by
-the tokenizer's vocabulary)."""
+and the engines, given the same tokenizer, emit only ids of its vocabulary: every output token
+decodes to its own text delta (tok/chunk 1.00). Streams decode incrementally: a byte-level token
+ending inside a UTF-8 character is held back until the character completes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from lab.commands.sweep import sweep
 from lab.serve.tokenizer import HFTokenizer
 from launch.cli import up
 from launch.cli_options import spec_from_options, topology_options
-from launch.commands import Programs, frontend_argv
+from launch.commands import Programs, engine_argv, frontend_argv
 from launch.errors import TopologyError
 from launch.topology import TopologySpec
 from tests.load.small_tokenizer import VOCAB_SIZE, make_tokenizer
@@ -28,12 +29,47 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def test_decode_maps_ids_outside_the_vocabulary(tok_dir: Path) -> None:
+def test_an_id_outside_the_vocabulary_decodes_to_no_text(tok_dir: Path) -> None:
     tok = HFTokenizer(tok_dir)
     assert tok.vocab_size == VOCAB_SIZE
-    for tid in (1000, 20000, 31999):  # the mocker's output ids: [1000, 32000)
-        text = tok.decode([tid])
-        assert text and text == tok.decode([tid % VOCAB_SIZE])
+    hello = tok.encode("hello")
+    for tid in (VOCAB_SIZE, 1000, 31999):  # as the tokenizers decoder does; no id mod size
+        assert tok.decode([tid]) == ""
+        assert tok.decode([*hello, tid]) == "hello"
+
+
+TEXT = "Snow: h\u00e9llo w\u00f6rld \u2013 \u2603 \U0001f600 done"
+
+
+def test_stream_decode_holds_a_partial_character_until_it_completes(tok_dir: Path) -> None:
+    tok = HFTokenizer(tok_dir)
+    ids = tok.encode(TEXT)
+    lone = [tok.decode([i]) for i in ids]
+    assert any("\ufffd" in t for t in lone)  # the text has tokens inside a UTF-8 character
+    stream = tok.stream_decoder()
+    deltas = [stream.step([i]) for i in ids]
+    assert "".join(deltas) + stream.flush() == TEXT
+    assert not any("\ufffd" in d for d in deltas)  # never a half character
+    held = [i for i, d in enumerate(deltas) if d == ""]
+    assert held and all("\ufffd" in lone[i] for i in held)
+    # chunks of several tokens: the same text, whatever the boundaries
+    for size in (2, 3, 5):
+        stream = tok.stream_decoder()
+        parts = [stream.step(ids[k:k + size]) for k in range(0, len(ids), size)]
+        assert "".join(parts) + stream.flush() == TEXT
+    # a stream that ends inside a character flushes what it has (as a one-shot decode shows it)
+    cut = ids[: held[0] + 1]
+    stream = tok.stream_decoder()
+    text = "".join(stream.step([i]) for i in cut)
+    assert text + stream.flush() == tok.decode(cut)
+
+
+def test_tokenizer_flag_reaches_the_engines(tok_dir: Path) -> None:
+    spec = TopologySpec(tokenizer=str(tok_dir / "tokenizer.json"))
+    argv = engine_argv(Programs.default(), spec, spec.fleets[0], "engine-0")
+    assert argv[argv.index("--tokenizer") + 1] == spec.tokenizer
+    plain = TopologySpec()
+    assert "--tokenizer" not in engine_argv(Programs.default(), plain, plain.fleets[0], "e-0")
 
 
 def test_tokenizer_flag_reaches_the_frontend(tok_dir: Path, tmp_path: Path) -> None:
@@ -75,7 +111,10 @@ def test_launched_sweep_with_tokenizer_counts_exact_prompt_tokens(tok_dir: Path,
     # the frontend's usage: exactly ISL prompt tokens in the tokenizer, OSL completion tokens
     assert (req["input_tokens_source"] == "usage").all() and (req["input_tokens"] == 40).all()
     assert (req["output_tokens"] == 8).all()
-    assert req["ttft_ms"].notna().all()  # every output token decoded to countable text
+    assert req["ttft_ms"].notna().all()
+    # the engines emit only ids of the tokenizer's vocabulary, each a whole piece of text:
+    # every token is its own SSE event, as a streaming detokenizer shows it
+    assert (req["tokens_per_chunk"] == 1.0).all() and (req["chunks"] == 8).all()
     config = json.loads((out / "config.json").read_text())
     assert config["sweep"]["workload"]["prompt_kind"] == "text"
     assert config["topology"]["tokenizer"].endswith("tokenizer.json")

@@ -354,7 +354,8 @@ class FrontendApp:
         prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
         enc = StreamEncoder(req, prefix + trace.request_id, int(time.time()), req.model)
         lp = Logprobs(req.endpoint == "chat", self.tokenizer) if req.logprobs else None
-        decode = self.tokenizer.decode
+        stream_text = self.tokenizer.stream_decoder()
+        decode = stream_text.step
         metrics = self.metrics
         perf = time.perf_counter_ns
         itl: Any = None  # the worker's ITL histogram, once the first token named the worker
@@ -378,7 +379,9 @@ class FrontendApp:
             trace.last_token_ns = now
             trace.tokens += n
             if lp is None:
-                await resp.write(enc.chunk(decode(ids)))
+                text = decode(ids)
+                if text:  # held back (an incomplete character): no event, the next one has it
+                    await resp.write(enc.chunk(text))
                 transport = request.transport
             else:
                 await resp.write(enc.chunk_with_logprobs(decode(ids), lp.build(p)))
@@ -398,7 +401,9 @@ class FrontendApp:
             itl.observe((now - trace.last_token_ns) / (1e9 * n), n)
             trace.last_token_ns = now
             trace.tokens += n
-            t.write(chunked(enc.chunk(decode(ids))))
+            text = decode(ids)
+            if text:
+                t.write(chunked(enc.chunk(text)))
             return True
 
         try:
@@ -408,9 +413,10 @@ class FrontendApp:
                 await resp.prepare(request)
             usage = usage_obj(req, trace) if req.include_usage else None
             # the last events and the chunked-encoding terminator leave in one write
-            await resp.write_eof(
-                enc.finish(trace.finish or "stop", trace.stop_reason, nvext_obj(req, trace), usage)
-            )
+            tail = stream_text.flush()  # text still held back goes out before the finish
+            end = enc.finish(trace.finish or "stop", trace.stop_reason, nvext_obj(req, trace),
+                             usage)
+            await resp.write_eof(enc.chunk(tail) + end if tail else end)
         except ApiError as exc:
             trace.end_ns = perf()
             trace.status = exc.status
