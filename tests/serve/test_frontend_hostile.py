@@ -231,6 +231,22 @@ async def test_a_content_length_lie_gets_408_and_the_connection_closes() -> None
         assert time.monotonic() - started < 10
 
 
+async def test_the_connection_closes_when_the_body_timeout_says() -> None:
+    """The close follows the 408 at once: no extra lingering read of a body that never comes
+    (aiohttp's default would keep the socket 10 s longer)."""
+    fleet = FakeFleet(FakeWorker("w0"))
+    async with frontend(fleet, body_timeout_s=0.5) as addr:
+        reader, writer = await asyncio.open_connection(*addr)
+        writer.write(post(C, b'{"model"', length=1000))
+        started = time.monotonic()
+        async with asyncio.timeout(30):
+            data = await reader.read()  # until the server closes
+        closed_after = time.monotonic() - started
+        writer.close()
+        assert status_of(data) == 408
+        assert closed_after < 5.0, f"closed {closed_after:.1f} s after a 0.5 s body timeout"
+
+
 async def test_idle_and_slowloris_connections_are_closed() -> None:
     fleet = FakeFleet(FakeWorker("w0"))
     async with frontend(fleet, idle_timeout_s=0.5) as addr:

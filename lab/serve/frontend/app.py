@@ -251,6 +251,10 @@ class FrontendApp:
                 413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
             ) from None
         except TimeoutError:
+            # End the body here: aiohttp would otherwise linger up to 10 s more reading (and
+            # dropping) the rest of it before it closes the connection, so a client that reads
+            # the 408 until the close waited the timeout plus 10 s.
+            request.content.feed_eof()
             raise ApiError(
                 408,
                 f"the request body did not arrive within {timeout:g} s "
