@@ -153,6 +153,15 @@ CASES: list[tuple[str, bytes, int, str]] = [
     ("message not an object", post(CHAT, js({"model": MODEL, "messages": [1]})), 400,
      "messages[0]"),
     ("image content", post(CHAT, js(chat([{"type": "image_url"}]))), 400, "messages[0]"),
+    ("message without content",
+     post(CHAT, js({"model": MODEL, "messages": [{"role": "user"}]})), 400,
+     "messages[0].content: required for role 'user'"),
+    ("message with null content", post(CHAT, js(chat(None))), 400, "messages[0].content"),
+    ("unknown role", post(CHAT, js({"model": MODEL, "messages": [
+        {"role": "wizard", "content": "hi"}]})), 400, "messages[0].role: 'wizard' is not one"),
+    ("Content-Type text/plain", post(C, js(completion())).replace(
+        b"Content-Type: application/json", b"Content-Type: text/plain"), 400,
+     "Content-Type: expected application/json, got 'text/plain'"),
     ("stop of two words", post(C, js(completion(stop="two words"))), 400, "stop"),
     ("nvext not an object", post(C, js(completion(nvext=[]))), 400, "nvext"),
     # the context (64 tokens here, from discovery): refused before dispatch

@@ -294,7 +294,7 @@ async def test_chat_invalid_fields() -> None:
             ({"model": MODEL, "messages": [{"content": "x"}]}, "messages[0].role"),
             ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
             (
-                {"model": MODEL, "messages": [{"role": "u", "content": "x"}], "top_logprobs": 2},
+                {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
                 "top_logprobs",
             ),
         ]:
@@ -327,7 +327,8 @@ async def test_malformed_json_unknown_model_and_too_large_body() -> None:
             async def gen() -> AsyncIterator[bytes]:
                 yield orjson.dumps(big)
 
-            async with session.post(url + "/v1/completions", data=gen()) as resp:
+            async with session.post(url + "/v1/completions", data=gen(),
+                                    headers={"Content-Type": "application/json"}) as resp:
                 assert resp.status == 413
                 assert (await resp.json())["error"]["code"] == "body_too_large"
         # and the frontend still serves

@@ -107,6 +107,14 @@ def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
     raise AssertionError("unreachable")
 
 
+def _is_json_type(media_type: str) -> bool:
+    """application/json or a +json type (parameters such as charset are allowed). A request
+    with no Content-Type at all is read as JSON."""
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
 def _error(exc: ApiError) -> web.Response:
     resp = web.Response(body=exc.json_bytes(), status=exc.status, content_type="application/json")
     if exc.status in _CLOSE_AFTER:
@@ -234,6 +242,14 @@ class FrontendApp:
         return await self._generate(request, "chat")
 
     async def _read_json(self, request: web.Request) -> Any:
+        content_type = request.headers.get("Content-Type")
+        if content_type is not None and not _is_json_type(request.content_type):
+            raise ApiError(
+                400,
+                f"Content-Type: expected application/json, got {content_type[:64]!r}",
+                param="Content-Type",
+                code="invalid_content_type",
+            )
         limit = self.config.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
