@@ -25,7 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS, FrontendConfig
-from lab.serve.frontend.dispatch import Dispatcher, Trace
+from lab.serve.frontend.dispatch import AGGREGATED_ROLES, Dispatcher, Trace
 from lab.serve.frontend.encode import (
     DONE,
     SSE_HEADERS,
@@ -165,22 +165,32 @@ class FrontendApp:
         ]
         return _json({"object": "list", "data": data})
 
-    def healthy(self) -> tuple[bool, dict[str, int]]:
+    def health_state(self) -> tuple[str, dict[str, int]]:
+        """"healthy": every expected worker is registered; "degraded": some are missing but a
+        request can still be served (an aggregated or decode worker, and a prefill worker too
+        under --enforce-disagg); "unhealthy": no request can be served."""
         counts = self.workers.counts()
         if self.config.expect:
-            ok = all(counts.get(role, 0) >= n for role, n in self.config.expect.items())
+            complete = all(counts.get(role, 0) >= n for role, n in self.config.expect.items())
         else:
-            ok = sum(counts.values()) >= 1
-        return ok, counts
+            complete = sum(counts.values()) >= 1
+        if complete:
+            return "healthy", counts
+        serving = sum(counts.get(role, 0) for role in AGGREGATED_ROLES) >= 1
+        if self.config.enforce_disagg:
+            serving = counts.get("prefill", 0) >= 1 and counts.get("decode", 0) >= 1
+        return ("degraded" if serving else "unhealthy"), counts
 
     async def health(self, request: web.Request) -> web.Response:
-        ok, counts = self.healthy()
+        """200 while requests can be served (healthy or degraded: a load balancer keeps a
+        frontend that still serves), 503 when none can."""
+        state, counts = self.health_state()
         body = {
-            "status": "healthy" if ok else "unhealthy",
+            "status": state,
             "workers": counts,
             "expect": self.config.expect or {"any": 1},
         }
-        return _json(body, 200 if ok else 503)
+        return _json(body, 503 if state == "unhealthy" else 200)
 
     async def live(self, request: web.Request) -> web.Response:
         return _json({"status": "live"})
