@@ -64,12 +64,19 @@ async def sidecar_registered(discovery: str, worker_id: str, pid: int | None) ->
 def _http_health(url: str, timeout: float) -> tuple[bool, str]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return reply.status == 200, f"{url} returned {reply.status}"
+            body = reply.read(4096).decode(errors="replace")
     except urllib.error.HTTPError as exc:
         body = exc.read(300).decode(errors="replace")
         return False, f"{url} returned {exc.code} {body}".strip()
     except (OSError, ValueError) as exc:
         return False, f"{url}: {exc}"
+    # 200 also means "degraded" (serving, but not every expected worker is registered): the
+    # stack is ready only when the frontend says "healthy".
+    try:
+        status = json.loads(body).get("status")
+    except (ValueError, AttributeError):
+        status = None
+    return status == "healthy", f"{url} returned 200 {body[:300]}".strip()
 
 
 async def frontend_healthy(address: str, timeout: float = 1.0) -> tuple[bool, str]:

@@ -279,21 +279,24 @@ class Supervisor:
         if not (restart and self._started):
             proc.state = "exited"
             return
+        ran = time.monotonic() - proc.started_mono
+        if requested or ran >= STABLE_AFTER_S:
+            self._consecutive[proc.name] = 0
+        attempt = self._consecutive.get(proc.name, 0)
+        self._consecutive[proc.name] = attempt + 1
+        self._schedule_restart(proc, backoff_delay(attempt), requested)
+
+    def _schedule_restart(self, proc: ManagedProcess, delay: float, requested: bool) -> None:
         if proc.role == "engine":
             # ask for the same port again (its sidecar's --engine stays valid), unless that
             # failed last time (e.g. the port was taken meanwhile)
             failed_on_port = proc.reuse_port and proc.state != "ready"
             proc.reuse_port = 0 if failed_on_port or not proc.last_address else int(
                 proc.last_address.rpartition(":")[2])
-        ran = time.monotonic() - proc.started_mono
-        if requested or ran >= STABLE_AFTER_S:
-            self._consecutive[proc.name] = 0
-        attempt = self._consecutive.get(proc.name, 0)
-        self._consecutive[proc.name] = attempt + 1
         proc.state = "backoff"
         assert self._tg is not None
         self._restart_tasks[proc.name] = self._tg.create_task(
-            self._restart(proc, backoff_delay(attempt), requested), name=f"restart-{proc.name}"
+            self._restart(proc, delay, requested), name=f"restart-{proc.name}"
         )
 
     async def _restart(self, proc: ManagedProcess, delay: float, requested: bool) -> None:
@@ -349,6 +352,12 @@ class Supervisor:
         proc = self.get(name)
         if kind in ENGINE_ONLY and proc.role != "engine":
             raise ValueError(f"fault {kind!r} applies to engines, not to {name} ({proc.role})")
+        if kind == "restart" and proc.state == "exited" and self._started and not self.stopping:
+            # A process that exited under its policy (`--restart-engine never` after a kill)
+            # comes back when asked: that is what a user means by restarting it.
+            self.events.emit("fault", proc.name, proc.pid, kind=kind)
+            self._schedule_restart(proc, 0.0, requested=True)
+            return f"{kind} -> {name}: starting it again (it had exited)"
         if not proc.alive:
             raise RuntimeError(f"{name} is not running (state {proc.state})")
         self.events.emit("fault", proc.name, proc.pid, kind=kind)

@@ -165,7 +165,8 @@ def frontend(argv: list[str]) -> None:
         def do_GET(self) -> None:
             live = len(list(directory.glob("*.json"))) if directory.is_dir() else 0
             status = 200 if live >= expected and self.path == "/health" else 503
-            body = json.dumps({"workers": live, "expected": expected}).encode()
+            state = "healthy" if status == 200 else "unhealthy"
+            body = json.dumps({"status": state, "workers": live, "expected": expected}).encode()
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

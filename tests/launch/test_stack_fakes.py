@@ -166,6 +166,14 @@ async def test_engine_never_policy_stays_down_but_restart_fault_restarts(
         assert {v.name: v for v in stack.processes()}["engine-0"].restarts == 0
         with pytest.raises(RuntimeError, match="not running"):
             await stack.fault("engine-0", "kill")
+        # a restart fault brings the exited engine back, on its port, and its sidecar serves
+        old_address = {v.name: v for v in stack.processes()}["engine-0"].address
+        assert "starting it again" in await stack.fault("engine-0", "restart")
+        await wait_for(lambda: {v.name: v for v in stack.processes()}["engine-0"].state
+                       == "ready")
+        await wait_for(lambda: {v.name: v for v in stack.processes()}["sidecar-0"].state
+                       == "ready")
+        assert {v.name: v for v in stack.processes()}["engine-0"].address == old_address
         with pytest.raises(KeyError, match="engine-9"):
             await stack.fault("engine-9", "kill")
         with pytest.raises(ValueError, match="engines"):

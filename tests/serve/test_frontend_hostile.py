@@ -153,6 +153,15 @@ CASES: list[tuple[str, bytes, int, str]] = [
     ("message not an object", post(CHAT, js({"model": MODEL, "messages": [1]})), 400,
      "messages[0]"),
     ("image content", post(CHAT, js(chat([{"type": "image_url"}]))), 400, "messages[0]"),
+    ("message without content",
+     post(CHAT, js({"model": MODEL, "messages": [{"role": "user"}]})), 400,
+     "messages[0].content: required for role 'user'"),
+    ("message with null content", post(CHAT, js(chat(None))), 400, "messages[0].content"),
+    ("unknown role", post(CHAT, js({"model": MODEL, "messages": [
+        {"role": "wizard", "content": "hi"}]})), 400, "messages[0].role: 'wizard' is not one"),
+    ("Content-Type text/plain", post(C, js(completion())).replace(
+        b"Content-Type: application/json", b"Content-Type: text/plain"), 400,
+     "Content-Type: expected application/json, got 'text/plain'"),
     ("stop of two words", post(C, js(completion(stop="two words"))), 400, "stop"),
     ("nvext not an object", post(C, js(completion(nvext=[]))), 400, "nvext"),
     # the context (64 tokens here, from discovery): refused before dispatch
@@ -229,6 +238,22 @@ async def test_a_content_length_lie_gets_408_and_the_connection_closes() -> None
         assert status_of(response) == 408 and b"did not arrive within 0.5 s" in response
         assert b"Connection: close" in response or b"connection: close" in response.lower()
         assert time.monotonic() - started < 10
+
+
+async def test_the_connection_closes_when_the_body_timeout_says() -> None:
+    """The close follows the 408 at once: no extra lingering read of a body that never comes
+    (aiohttp's default would keep the socket 10 s longer)."""
+    fleet = FakeFleet(FakeWorker("w0"))
+    async with frontend(fleet, body_timeout_s=0.5) as addr:
+        reader, writer = await asyncio.open_connection(*addr)
+        writer.write(post(C, b'{"model"', length=1000))
+        started = time.monotonic()
+        async with asyncio.timeout(30):
+            data = await reader.read()  # until the server closes
+        closed_after = time.monotonic() - started
+        writer.close()
+        assert status_of(data) == 408
+        assert closed_after < 5.0, f"closed {closed_after:.1f} s after a 0.5 s body timeout"
 
 
 async def test_idle_and_slowloris_connections_are_closed() -> None:

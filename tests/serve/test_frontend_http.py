@@ -294,7 +294,7 @@ async def test_chat_invalid_fields() -> None:
             ({"model": MODEL, "messages": [{"content": "x"}]}, "messages[0].role"),
             ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
             (
-                {"model": MODEL, "messages": [{"role": "u", "content": "x"}], "top_logprobs": 2},
+                {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
                 "top_logprobs",
             ),
         ]:
@@ -327,7 +327,8 @@ async def test_malformed_json_unknown_model_and_too_large_body() -> None:
             async def gen() -> AsyncIterator[bytes]:
                 yield orjson.dumps(big)
 
-            async with session.post(url + "/v1/completions", data=gen()) as resp:
+            async with session.post(url + "/v1/completions", data=gen(),
+                                    headers={"Content-Type": "application/json"}) as resp:
                 assert resp.status == 413
                 assert (await resp.json())["error"]["code"] == "body_too_large"
         # and the frontend still serves
@@ -519,6 +520,32 @@ async def test_health_live_models_metrics() -> None:
         assert (await get(url, "/health"))[0] == 503  # default: at least one worker
     async with frontend(FakeFleet(FakeWorker("w"))) as url:
         assert (await get(url, "/health"))[0] == 200
+
+
+async def test_health_is_degraded_while_a_worker_still_serves() -> None:
+    """Fewer workers than expected but one that serves: 200 "degraded" (a load balancer keeps
+    the frontend); none that can serve: 503 "unhealthy"."""
+    fleet = FakeFleet(FakeWorker("w0"), FakeWorker("w1"))
+    async with frontend(fleet, expect={"aggregated": 2}) as url:
+        status, raw = await get(url, "/health")
+        assert (status, orjson.loads(raw)["status"]) == (200, "healthy")
+        fleet.remove("w1")
+        await wait_for_health(url, "degraded")
+        assert (await get(url, "/health"))[0] == 200
+        fleet.remove("w0")
+        await wait_for_health(url, "unhealthy")
+        assert (await get(url, "/health"))[0] == 503
+    # prefill alone cannot serve a request
+    async with frontend(FakeFleet(FakeWorker("p0", role="prefill")),
+                        expect={"prefill": 1, "decode": 1}) as url:
+        status, raw = await get(url, "/health")
+        assert (status, orjson.loads(raw)["status"]) == (503, "unhealthy")
+
+
+async def wait_for_health(url: str, state: str, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while orjson.loads((await get(url, "/health"))[1])["status"] != state:
+            await asyncio.sleep(0.02)
 
 
 async def test_one_log_line_per_request_names_both_workers(

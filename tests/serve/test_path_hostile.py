@@ -58,7 +58,8 @@ async def test_hostile_inputs_get_400_over_the_real_path(
                 got = await resp.read()
                 assert resp.status == 400 and text.encode() in got, (name, resp.status, got)
         rss_after = psutil.Process(fe.pid).memory_info().rss
-        async with session.post(url + "/v1/completions", data=completion()) as resp:
+        async with session.post(url + "/v1/completions", data=completion(),
+                                headers={"Content-Type": "application/json"}) as resp:
             assert resp.status == 200  # still serving
         async with session.get(url + "/metrics") as resp:
             metrics = await resp.text()

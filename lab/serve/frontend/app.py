@@ -25,7 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS, FrontendConfig
-from lab.serve.frontend.dispatch import Dispatcher, Trace
+from lab.serve.frontend.dispatch import AGGREGATED_ROLES, Dispatcher, Trace
 from lab.serve.frontend.encode import (
     DONE,
     SSE_HEADERS,
@@ -107,6 +107,14 @@ def _decompress(raw: bytes, encoding: str, limit: int) -> bytes:
     raise AssertionError("unreachable")
 
 
+def _is_json_type(media_type: str) -> bool:
+    """application/json or a +json type (parameters such as charset are allowed). A request
+    with no Content-Type at all is read as JSON."""
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
 def _error(exc: ApiError) -> web.Response:
     resp = web.Response(body=exc.json_bytes(), status=exc.status, content_type="application/json")
     if exc.status in _CLOSE_AFTER:
@@ -157,22 +165,32 @@ class FrontendApp:
         ]
         return _json({"object": "list", "data": data})
 
-    def healthy(self) -> tuple[bool, dict[str, int]]:
+    def health_state(self) -> tuple[str, dict[str, int]]:
+        """"healthy": every expected worker is registered; "degraded": some are missing but a
+        request can still be served (an aggregated or decode worker, and a prefill worker too
+        under --enforce-disagg); "unhealthy": no request can be served."""
         counts = self.workers.counts()
         if self.config.expect:
-            ok = all(counts.get(role, 0) >= n for role, n in self.config.expect.items())
+            complete = all(counts.get(role, 0) >= n for role, n in self.config.expect.items())
         else:
-            ok = sum(counts.values()) >= 1
-        return ok, counts
+            complete = sum(counts.values()) >= 1
+        if complete:
+            return "healthy", counts
+        serving = sum(counts.get(role, 0) for role in AGGREGATED_ROLES) >= 1
+        if self.config.enforce_disagg:
+            serving = counts.get("prefill", 0) >= 1 and counts.get("decode", 0) >= 1
+        return ("degraded" if serving else "unhealthy"), counts
 
     async def health(self, request: web.Request) -> web.Response:
-        ok, counts = self.healthy()
+        """200 while requests can be served (healthy or degraded: a load balancer keeps a
+        frontend that still serves), 503 when none can."""
+        state, counts = self.health_state()
         body = {
-            "status": "healthy" if ok else "unhealthy",
+            "status": state,
             "workers": counts,
             "expect": self.config.expect or {"any": 1},
         }
-        return _json(body, 200 if ok else 503)
+        return _json(body, 503 if state == "unhealthy" else 200)
 
     async def live(self, request: web.Request) -> web.Response:
         return _json({"status": "live"})
@@ -234,6 +252,14 @@ class FrontendApp:
         return await self._generate(request, "chat")
 
     async def _read_json(self, request: web.Request) -> Any:
+        content_type = request.headers.get("Content-Type")
+        if content_type is not None and not _is_json_type(request.content_type):
+            raise ApiError(
+                400,
+                f"Content-Type: expected application/json, got {content_type[:64]!r}",
+                param="Content-Type",
+                code="invalid_content_type",
+            )
         limit = self.config.max_body_bytes
         length = request.content_length
         if length is not None and length > limit:
@@ -251,6 +277,10 @@ class FrontendApp:
                 413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
             ) from None
         except TimeoutError:
+            # End the body here: aiohttp would otherwise linger up to 10 s more reading (and
+            # dropping) the rest of it before it closes the connection, so a client that reads
+            # the 408 until the close waited the timeout plus 10 s.
+            request.content.feed_eof()
             raise ApiError(
                 408,
                 f"the request body did not arrive within {timeout:g} s "

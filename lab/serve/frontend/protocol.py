@@ -22,6 +22,9 @@ MAX_TOP_LOGPROBS = 20
 #: Token ids are u32 on the wire (openengine.v1); larger ones are a 400 naming the field.
 MAX_TOKEN_ID = 2**32 - 1
 MAX_SEED = 2**64 - 1  # u64 on the wire
+# The chat roles of the OpenAI API. Every message but an assistant's must carry `content` (an
+# assistant turn may carry tool calls instead), as OpenAI, vLLM and Dynamo require.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 @dataclass(slots=True)
@@ -311,6 +314,12 @@ def parse_chat(body: Any, tokenizer: Tokenizer, context_length: int | None = Non
         role = msg.get("role")
         if not isinstance(role, str) or not role:
             raise bad_field(f"messages[{i}].role", "required, a string")
+        if role not in CHAT_ROLES:
+            raise bad_field(
+                f"messages[{i}].role", f"{role[:40]!r} is not one of {', '.join(CHAT_ROLES)}"
+            )
+        if role != "assistant" and msg.get("content") is None:
+            raise bad_field(f"messages[{i}].content", f"required for role {role!r}")
         lines.append(f"{role}: {_content_text(msg.get('content'), i)}\n")
     lines.append("assistant:")
     text = "".join(lines)
