@@ -7,7 +7,9 @@
 
 Every option defaults to None ("not given"), so that a flag overrides a value from
 `--topology FILE.toml` only when the user passed it; the real defaults live in one place
-(launch.topology, lab.shared.settings.SocketSettings) and are shown in --help from there.
+(launch.topology, lab.shared.settings.SocketSettings) and are shown in --help from there; an
+option that is a process's own setting (--stream-interval, --migration-limit) is generated from
+that process's settings field (lab.shared.config_cli.field_option).
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ from typing import Any
 
 import click
 
+from lab.shared.config_cli import field_option
+from lab.shared.engine_settings import EngineSettings
+from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.settings import (
-    DEFAULT_MIGRATION_LIMIT,
     DEFAULT_MODEL,
     DEFAULT_ROUTER,
     ROUTERS,
     SocketSettings,
 )
 from lab.shared.switches import ON_OFF, is_on, on_off
-from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.topology import (
     DEFAULT_DECODE_SPEEDUP,
@@ -62,17 +65,13 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--decode",), dict(
         type=click.IntRange(1, 256),
         help="Decode engines (implies --disagg).  [default: 1]")),
-    (("--speedup",), dict(
-        type=click.FloatRange(min=0), metavar="R",
-        help=f"Engine speedup ratio (0 = no simulated time).  [default: {DEFAULT_SPEEDUP:g}]")),
-    (("--decode-speedup",), dict(
-        type=click.FloatRange(min=0), metavar="R",
-        help=f"Extra decode speedup ratio.  [default: {DEFAULT_DECODE_SPEEDUP:g}]")),
-    (("--stream-interval",), dict(
-        type=click.IntRange(1, MAX_STREAM_INTERVAL), metavar="N",
-        help="Tokens per engine message: 1 = every engine step reaches the client as its own "
-             "event; N = every N tokens plus the last (vLLM --stream-interval).  "
-             f"[default: {DEFAULT_STREAM_INTERVAL}]")),
+    field_option(EngineSettings, "speedup_ratio", ("--speedup",), default=None, metavar="R",
+                 help=f"Engine speedup ratio (0 = no simulated time).  "
+                 f"[default: {DEFAULT_SPEEDUP:g}]"),
+    field_option(EngineSettings, "decode_speedup_ratio", ("--decode-speedup",), default=None,
+                 metavar="R",
+                 help=f"Extra decode speedup ratio.  [default: {DEFAULT_DECODE_SPEEDUP:g}]"),
+    field_option(EngineSettings, "stream_interval", default=None),
     (("--engine-args",), dict(
         metavar="JSON|FILE",
         help="Engine arguments for every engine (JSON object or a JSON file).  [default: {}]")),
@@ -123,10 +122,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         "access). The launched frontend tokenizes prompts and detokenizes output with it, and "
         "`lab sweep` builds prompts of exactly --isl tokens in it (with --target: only the "
         "prompts).  [default: the frontend's word tokenizer, one token per word]")),
-    (("--migration-limit",), dict(
-        type=click.IntRange(0, 1000),
-        help="Frontend: times a failed stream may move to another worker (0 = never).  "
-        f"[default: {DEFAULT_MIGRATION_LIMIT}]")),
+    field_option(FrontendSettings, "migration_limit", default=None),
     (("--enforce-disagg/--no-enforce-disagg",), dict(
         default=None,
         help="Frontend: fail requests instead of falling back when no prefill worker is up.  "

@@ -15,7 +15,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.shared.switches import on_off
+from lab.shared.engine_settings import EngineSettings
+from lab.shared.frontend_settings import FrontendSettings
+from lab.shared.sidecar_settings import SidecarSettings
 from launch.topology import FleetSpec, TopologySpec
 
 LISTEN_HOST = "127.0.0.1"
@@ -54,65 +56,72 @@ def new_instance_id(engine_name: str) -> str:
     return f"{engine_name}-{secrets.token_hex(4)}"
 
 
-def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
-                instance_id: str, port: int = 0, host: str = LISTEN_HOST) -> list[str]:
+def engine_settings(spec: TopologySpec, fleet: FleetSpec, instance_id: str, port: int = 0,
+                    host: str = LISTEN_HOST) -> EngineSettings:
     """port 0: the OS picks; a restarted engine asks for its previous port first, so that its
     sidecar's --engine address stays valid. `host`: the address to bind (a placed fleet binds
     its host's address)."""
-
-    argv = [
-        *programs.mocker, "serve",
-        "--listen", f"{host}:{port}",
-        "--role", fleet.role,
-        "--model", spec.model,
-        "--speedup-ratio", repr(float(fleet.speedup)),
-        "--decode-speedup-ratio", repr(float(fleet.decode_speedup)),
-        "--stream-interval", str(fleet.stream_interval),
-        "--instance-id", instance_id,
+    return EngineSettings(
+        listen=f"{host}:{port}",
+        role=fleet.role,
+        model=spec.model,
+        speedup_ratio=float(fleet.speedup),
+        decode_speedup_ratio=float(fleet.decode_speedup),
+        stream_interval=fleet.stream_interval,
+        instance_id=instance_id,
         # Fault injection (`lab fault`) on an address of its own; a hand-launched engine has none.
-        "--admin-listen", f"{host}:0",
-    ]
-    if spec.tokenizer is not None:  # the engines emit only ids of the frontend's vocabulary
-        argv += ["--tokenizer", spec.tokenizer]
-    if fleet.engine_args:
-        argv += ["--engine-args", json.dumps(fleet.engine_args, separators=(",", ":"))]
-    return argv + list(fleet.extra_mocker_args)
+        admin_listen=f"{host}:0",
+        # the engines emit only ids of the frontend's vocabulary
+        tokenizer=spec.tokenizer,
+        engine_args=(json.dumps(fleet.engine_args, separators=(",", ":"))
+                     if fleet.engine_args else None),
+    )
+
+
+def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
+                instance_id: str, port: int = 0, host: str = LISTEN_HOST) -> list[str]:
+    settings = engine_settings(spec, fleet, instance_id, port, host)
+    return [*programs.mocker, "serve", *settings.to_argv(), *fleet.extra_mocker_args]
+
+
+def sidecar_settings(spec: TopologySpec, engine_address: str, discovery: str, worker_id: str,
+                     host: str = LISTEN_HOST) -> SidecarSettings:
+    """`host`: the request-plane address to bind and advertise in discovery."""
+    return SidecarSettings(
+        engine=engine_address,
+        listen=f"{host}:0",
+        discovery=discovery,
+        worker_id=worker_id,
+        server_nodelay=spec.sockets.server_nodelay,
+    )
 
 
 def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engine_address: str,
                  discovery: str, worker_id: str, host: str = LISTEN_HOST) -> list[str]:
-    """`host`: the request-plane address to bind and advertise in discovery."""
-    return [
-        *programs.lab, "sidecar",
-        "--engine", engine_address,
-        "--listen", f"{host}:0",
-        "--discovery", discovery,
-        "--worker-id", worker_id,
-        "--server-nodelay", on_off(spec.sockets.server_nodelay),
-        *fleet.extra_sidecar_args,
-    ]
+    settings = sidecar_settings(spec, engine_address, discovery, worker_id, host)
+    return [*programs.lab, "sidecar", *settings.to_argv(), *fleet.extra_sidecar_args]
+
+
+def frontend_settings(spec: TopologySpec, discovery: str,
+                      host: str = LISTEN_HOST) -> FrontendSettings:
+    s = spec.sockets
+    return FrontendSettings(
+        listen=f"{host}:{spec.frontend_port}",
+        discovery=discovery,
+        router=spec.router,
+        client_nodelay=s.client_nodelay,
+        split_writes=s.split_writes,
+        pool_size=s.pool_size,
+        http_nodelay=s.http_nodelay,
+        migration_limit=spec.migration_limit,
+        model_name=spec.model,
+        enforce_disagg=spec.enforce_disagg,
+        tokenizer=spec.tokenizer,
+        expect=spec.expected_workers(),
+    )
 
 
 def frontend_argv(programs: Programs, spec: TopologySpec, discovery: str,
                   host: str = LISTEN_HOST) -> list[str]:
-    s = spec.sockets
-    argv = [
-        *programs.lab, "frontend",
-        "--listen", f"{host}:{spec.frontend_port}",
-        "--discovery", discovery,
-        "--router", spec.router,
-        "--client-nodelay", on_off(s.client_nodelay),
-        "--pool-size", str(s.pool_size),
-        "--http-nodelay", on_off(s.http_nodelay),
-        "--migration-limit", str(spec.migration_limit),
-        "--model-name", spec.model,
-    ]
-    if s.split_writes:
-        argv.append("--split-writes")
-    if spec.enforce_disagg:
-        argv.append("--enforce-disagg")
-    if spec.tokenizer is not None:
-        argv += ["--tokenizer", spec.tokenizer]
-    for role, count in spec.expected_workers().items():
-        argv += ["--expect", f"{role}={count}"]
-    return argv + list(spec.extra_frontend_args)
+    settings = frontend_settings(spec, discovery, host)
+    return [*programs.lab, "frontend", *settings.to_argv(), *spec.extra_frontend_args]

@@ -1,4 +1,4 @@
-"""Server-level settings of `mocker serve`: the one place their defaults live.
+"""Server-level settings of `mocker serve` (command-line defaults: lab.shared.engine_settings).
 
 Engine (scheduler, KV pool, timing) defaults live in `mocker.engine.config.EngineArgs`; these are
 the wire server's own (docs/mocker.md "Defaults").
@@ -9,7 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab.shared.engine_settings import (
+    DEFAULT_CONTEXT_LENGTH,
+    DEFAULT_KV_HOST,
+    DEFAULT_KV_PORT,
+    DEFAULT_MAX_CONCURRENT_REQUESTS,
+    DEFAULT_ROLE,
+    DEFAULT_SEED,
+    GRACE_S,
+    STALL_TIMEOUT_S,
+)
 from lab.shared.json_arg import read_json_object
+from lab.shared.settings import DEFAULT_GRPC_SERVER, GRPC_SERVERS
 from lab.wire.constants import (
     DEFAULT_MODEL,
     DEFAULT_STREAM_INTERVAL,
@@ -18,29 +29,13 @@ from lab.wire.constants import (
 )
 from mocker.engine import EngineArgs
 
-DEFAULT_LISTEN = "127.0.0.1:50051"
-DEFAULT_ROLE = "aggregated"
-DEFAULT_SEED = 42
-DEFAULT_CONTEXT_LENGTH = 32768
-DEFAULT_MAX_CONCURRENT_REQUESTS = 256
-DEFAULT_KV_HOST = "127.0.0.1"
-DEFAULT_KV_PORT = 5600
 #: ModelInfo.max_output_tokens and the max_tokens limit (newest reference control test).
 MAX_OUTPUT_TOKENS = 1_000_000
 #: max_tokens when the request omits it.
 DEFAULT_MAX_TOKENS = 20
-#: Consumer-stall watchdog (the real servicer's RESPONSE_STALL_TIMEOUT_SECONDS).
-STALL_TIMEOUT_S = 30.0
-#: The gRPC server implementation: "h2" (lab.wire.h2grpc: every stream's messages of one
-#: event-loop turn in one socket write, several times cheaper per message) or "aio" (grpc.aio,
-#: the reference it is tested against).
-GRPC_SERVERS = ("h2", "aio")
-DEFAULT_GRPC_SERVER = "h2"
 #: Admin argument bounds: StallTokens seconds, Exit codes.
 MAX_ADMIN_STALL_S = 3600.0
 ADMIN_EXIT_CODES = range(0, 256)
-#: Graceful-stop grace for in-flight requests.
-GRACE_S = 5.0
 #: Request recorder ring size.
 RECORDER_CAPACITY = 256
 ENGINE_NAME = "tensorrt_llm"

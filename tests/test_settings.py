@@ -1,0 +1,219 @@
+"""Every setting is defined once (lab.shared.config_cli): each process's command line is generated
+from its settings model, and so is the launcher's argv. These tests parse the generated argv with
+the real click commands and check that what arrives is what was meant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from lab.serve.frontend.cli import frontend
+from lab.serve.sidecar.cli import sidecar
+from lab.shared.config_cli import Settings, parse_settings
+from lab.shared.engine_settings import ENGINE_SPEEDUP_DEFAULT_TEXT, EngineSettings
+from lab.shared.frontend_settings import FrontendSettings
+from lab.shared.sidecar_settings import SidecarSettings
+from launch.cli_options import spec_from_options, topology_options
+from launch.commands import (
+    Programs,
+    engine_argv,
+    engine_settings,
+    frontend_argv,
+    frontend_settings,
+    sidecar_argv,
+    sidecar_settings,
+)
+from launch.topology import FleetSpec, TopologySpec
+from mocker.cli import main as mocker_main
+from mocker.engine import EngineArgs
+from tests.usage_errors import assert_usage_error, usage_cases
+
+COMMANDS: dict[type[Settings], click.Command] = {
+    EngineSettings: mocker_main.commands["serve"],  # type: ignore[attr-defined]
+    SidecarSettings: sidecar,
+    FrontendSettings: frontend,
+}
+NO_PROGRAMS = Programs(mocker=[], lab=[])
+
+
+def parsed(model: type[Settings], argv: list[str]) -> Settings:
+    """What the real command makes of `argv` (its options parsed, its body not run)."""
+    command = COMMANDS[model]
+    with command.make_context(command.name or "cmd", list(argv)) as ctx:
+        return parse_settings(model, ctx.params)
+
+
+def every_field_changed(tmp_path: Path) -> dict[type[Settings], dict[str, Any]]:
+    """For each model, a value other than the default for every field."""
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    return {
+        EngineSettings: dict(
+            listen="127.0.0.1:50999", admin_listen="127.0.0.1:0", role="prefill",
+            model="m-2", seed=7, tokenizer=str(tokenizer), vocab_size=4096,
+            context_length=4096, max_concurrent_requests=9,
+            speedup_ratio=250.5, decode_speedup_ratio=2.25, engine_args='{"max_num_seqs":3}',
+            kv_host="127.0.0.2", kv_port=5601, instance_id="engine-0-abcd",
+            record_requests=True, stall_timeout=12.5, stream_interval=8, grpc_server="aio",
+            grace=1.5, log_level="debug",
+        ),
+        SidecarSettings: dict(
+            engine="127.0.0.1:50051", listen="127.0.0.1:7001", discovery="file:/tmp/disc",
+            worker_id="sidecar-3", server_nodelay=False, grpc_client="aio", grace_period=1.5,
+            inflight_timeout=3.5, startup_deadline=9.0, connect_attempt_timeout=4.0,
+            retry_interval=0.5, heartbeat=0.25, ttl=3.0, stale_load=7.0, stall=0.75,
+            probe_timeout=1.25, log_level="warning",
+        ),
+        FrontendSettings: dict(
+            listen="127.0.0.1:8123", discovery="etcd://127.0.0.1:2379/x", discovery_ttl=3.5,
+            router="least-loaded", client_nodelay=False, split_writes=True, pool_size=5,
+            http_nodelay=False, enforce_disagg=True, migration_limit=3,
+            expect={"prefill": 2, "decode": 1}, tokenizer=str(tokenizer), model_name="m-3",
+            max_body_bytes=1000, idle_timeout=2.5, body_timeout=1.5, max_connections=10,
+            shutdown_grace=0.5, log_level="error",
+        ),
+    }
+
+
+@pytest.mark.parametrize("model", list(COMMANDS), ids=lambda m: m.__name__)
+def test_every_field_reaches_its_process(model: type[Settings], tmp_path: Path) -> None:
+    values = every_field_changed(tmp_path)[model]
+    assert set(values) == set(model.model_fields), "give every field a non-default value"
+    for name, value in values.items():
+        assert value != model.model_fields[name].default, name
+    meant = model(**values)
+    assert parsed(model, meant.to_argv()) == meant
+
+
+@pytest.mark.parametrize("model", list(COMMANDS), ids=lambda m: m.__name__)
+def test_no_flags_mean_the_defaults(model: type[Settings]) -> None:
+    required = {"engine": "127.0.0.1:1", "discovery": "file:/tmp/d"}
+    given = {k: v for k, v in required.items() if k in model.model_fields}
+    assert parsed(model, model(**given).to_argv()) == model(**given)
+    assert len(model(**given).to_argv()) == 2 * len(given)  # only what was set is passed
+
+
+def _topologies(tmp_path: Path) -> list[TopologySpec]:
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    disagg = TopologySpec.disaggregated(
+        prefill=2, decode=1, speedup=250.0, decode_speedup=3.0, stream_interval=4,
+        engine_args={"max_num_seqs": 8}, migration_limit=0, enforce_disagg=True,
+        router="random", model="m-4", frontend_port=8555, tokenizer=str(tokenizer),
+    )
+    disagg.sockets = type(disagg.sockets)(client_nodelay=False, server_nodelay=False,
+                                          split_writes=True, pool_size=7, http_nodelay=False)
+    return [TopologySpec(), disagg]
+
+
+def test_the_launchers_argv_is_what_each_process_parses(tmp_path: Path) -> None:
+    for spec in _topologies(tmp_path):
+        for fleet in spec.fleets:
+            meant_e = engine_settings(spec, fleet, "engine-0-abcd", port=50123)
+            argv = engine_argv(NO_PROGRAMS, spec, fleet, "engine-0-abcd", port=50123)
+            assert argv[0] == "serve"
+            assert parsed(EngineSettings, argv[1:]) == meant_e
+            assert (meant_e.role, meant_e.speedup_ratio, meant_e.stream_interval) == (
+                fleet.role, fleet.speedup, fleet.stream_interval)
+
+            meant_s = sidecar_settings(spec, "127.0.0.1:50123", "file:/tmp/d", "sidecar-0")
+            argv = sidecar_argv(NO_PROGRAMS, spec, fleet, "127.0.0.1:50123", "file:/tmp/d",
+                                "sidecar-0")
+            assert argv[0] == "sidecar"
+            assert parsed(SidecarSettings, argv[1:]) == meant_s
+            assert meant_s.server_nodelay == spec.sockets.server_nodelay
+
+        meant_f = frontend_settings(spec, "file:/tmp/d")
+        argv = frontend_argv(NO_PROGRAMS, spec, "file:/tmp/d")
+        assert argv[0] == "frontend"
+        got = parsed(FrontendSettings, argv[1:])
+        assert got == meant_f
+        assert (got.migration_limit, got.enforce_disagg, got.split_writes, got.pool_size,
+                got.expect) == (spec.migration_limit, spec.enforce_disagg,
+                                spec.sockets.split_writes, spec.sockets.pool_size,
+                                spec.expected_workers())
+
+
+def test_extra_args_follow_the_generated_flags() -> None:
+    spec = TopologySpec(fleets=[FleetSpec("aggregated", extra_sidecar_args=["--stall", "5"])])
+    argv = sidecar_argv(NO_PROGRAMS, spec, spec.fleets[0], "127.0.0.1:1", "file:/d", "s-0")
+    assert parsed(SidecarSettings, argv[1:]).stall == 5.0
+
+
+def test_the_engine_speedup_default_shown_is_the_engine_args_default() -> None:
+    defaults = EngineArgs()
+    assert f"{defaults.speedup_ratio:g}" == ENGINE_SPEEDUP_DEFAULT_TEXT
+    assert f"{defaults.decode_speedup_ratio:g}" == ENGINE_SPEEDUP_DEFAULT_TEXT
+
+
+def test_log_levels_are_the_same_words_everywhere() -> None:
+    for model in COMMANDS:
+        assert model.model_fields["log_level"].default == "info"
+        assert parsed(model, [*_required(model), "--log-level", "DEBUG"]).log_level == "debug"
+
+
+def _required(model: type[Settings]) -> list[str]:
+    return {
+        EngineSettings: [],
+        SidecarSettings: ["--engine", "127.0.0.1:1", "--discovery", "file:/tmp/d"],
+        FrontendSettings: ["--discovery", "file:/tmp/d"],
+    }[model]
+
+
+@usage_cases(
+    "serve --stall-timeout nan",
+    "serve --grace inf",
+    "serve --speedup-ratio inf",
+    ("serve --role decode --kv-port 0", "--kv-port"),
+)
+def test_bad_engine_values_exit_2_naming_the_option(args: list[str], named: str) -> None:
+    result = CliRunner().invoke(mocker_main, args)
+    assert_usage_error(result.exit_code, result.output, named)
+
+
+@usage_cases(
+    "--stall nan",
+    "--heartbeat inf",
+    "--stall 0",
+    ("--ttl 1 --heartbeat 1", "--ttl"),
+    "--worker-id ../x",
+    "--engine nonsense",
+    "--discovery nope",
+    "--discovery etcd://",
+)
+def test_bad_sidecar_values_exit_2_naming_the_option(args: list[str], named: str) -> None:
+    base = ["--engine", "127.0.0.1:1", "--discovery", "file:/tmp/d"]
+    result = CliRunner().invoke(sidecar, [*base, *args])
+    assert_usage_error(result.exit_code, result.output, named)
+
+
+@usage_cases(
+    "--idle-timeout nan",
+    "--discovery-ttl inf",
+    "--expect prefill",
+    "--tokenizer /nonexistent/tokenizer.json",
+    "--listen nonsense",
+)
+def test_bad_frontend_values_exit_2_naming_the_option(args: list[str], named: str) -> None:
+    result = CliRunner().invoke(frontend, ["--discovery", "file:/tmp/d", *args])
+    assert_usage_error(result.exit_code, result.output, named)
+
+
+@usage_cases(
+    "--speedup nan",
+    "--decode-speedup inf",
+    "--stream-interval 0",
+    "--migration-limit 1001",
+)
+def test_the_topology_options_share_the_fields_bounds(args: list[str], named: str) -> None:
+    @click.command()
+    @topology_options
+    def cmd(**kwargs: Any) -> None:
+        spec_from_options(**kwargs)
+
+    result = CliRunner().invoke(cmd, args)
+    assert_usage_error(result.exit_code, result.output, named)
