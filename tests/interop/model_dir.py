@@ -2,10 +2,10 @@
 the HuggingFace config files, no weights. Built from the tests' own small byte-level BPE
 (tests/load/small_tokenizer.py), so no hub access and no corpus from another package.
 
-The vocabulary is padded with added tokens `<tN>` up to the top of the mocker's token-id range
-(mocker.engine.tokens), so every id the mocker emits detokenizes to text: Dynamo's detokenizer
-drops an out-of-vocabulary id, merging it into the next chunk (tok/chunk > 1, or no content at
-all with a small vocabulary).
+The vocabulary is the small tokenizer's own (a few hundred ids, as a real model's is its own):
+the mockers are started with `--tokenizer DIR` and emit only its ids (docs/mocker.md "Tokens").
+Without that, Dynamo's detokenizer gets ids outside the vocabulary, emits no text for them and
+merges them into the next chunk (tok/chunk > 1, or no content at all).
 
 What Dynamo reads from it: tokenizer.json (tokenizing prompts, detokenizing the engine's ids),
 tokenizer_config.json (bos/eos and the chat template for /v1/chat/completions), config.json
@@ -20,7 +20,6 @@ import json
 import sys
 from pathlib import Path
 
-from mocker.engine.tokens import TOKEN_ID_BASE, TOKEN_ID_SPAN
 from tests.load.small_tokenizer import SPECIAL, make_tokenizer
 
 BOS, EOS = SPECIAL  # "<s>", "</s>"
@@ -37,15 +36,10 @@ def _dump(obj: object, path: Path) -> None:
 
 def build_model_dir(directory: Path) -> Path:
     """Write the model dir into DIRECTORY (deterministic); returns DIRECTORY."""
-    from tokenizers import AddedToken, Tokenizer
+    from tokenizers import Tokenizer
 
     make_tokenizer(directory)
     tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
-    top = TOKEN_ID_BASE + TOKEN_ID_SPAN  # one past the mocker's largest id
-    tok.add_tokens([AddedToken(f"<t{i}>", special=False, normalized=False)
-                    for i in range(tok.get_vocab_size(), top)])
-    assert tok.get_vocab_size() == top
-    tok.save(str(directory / "tokenizer.json"))
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
     _dump({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,

@@ -67,7 +67,8 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
         roles = ("prefill", "decode") if disagg else ("aggregated",)
         engines = {
             role: spawn(f"mocker-{role}", mocker_argv(
-                "--record-requests", "--kv-port", KV_PORT, role=role, speedup=0,
+                "--record-requests", "--kv-port", KV_PORT, "--tokenizer", str(model_dir),
+                role=role, speedup=0,
                 instance_id=f"mocker-{role}"))
             for role in roles
         }
@@ -121,8 +122,9 @@ def assert_clean_and_exact(req: pd.DataFrame) -> None:
 
 
 def assert_one_token_per_chunk(req: pd.DataFrame) -> None:
-    """Needs branch `vocab` (mocker emits only ids of the served tokenizer's vocabulary): an
-    out-of-vocabulary id detokenizes to nothing, so Dynamo merges it into the next chunk."""
+    """The mockers emit only ids of the served tokenizer's vocabulary (`--tokenizer`): an
+    out-of-vocabulary id, or one that decodes alone to part of a UTF-8 character, detokenizes
+    to nothing, so Dynamo merges it into the next chunk."""
     assert (req["tokens_per_chunk"] == 1.0).all(), req["tokens_per_chunk"].describe()
 
 
