@@ -41,7 +41,8 @@ def test_kill_mid_sweep(tmp_path: Path) -> None:
 def test_freeze_mid_sweep_moves_requests_and_the_worker_returns(tmp_path: Path) -> None:
     """A frozen engine (health still SERVING) leaves rotation; with the default migration its
     in-flight requests move to the other worker (none fails), nothing is sent to it while it is
-    out, and it is back after the unfreeze. Generous bounds: the figures are in the README."""
+    out, and it is back after the unfreeze. Generous bounds: the figures are in
+    docs/reliability.md "What the lab promises, measured"."""
     run = tmp_path / "run"
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "lab"), "sweep", "--engines", "2", "--conc", "8",
