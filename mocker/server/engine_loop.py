@@ -255,19 +255,31 @@ class EngineLoop:
         run_ahead = self.run_ahead
         t_ms: float | None = None  # simulated start of the next pass (perf_counter ms axis)
         busy_since = 0.0
+        # Passes handed out since the consumers last had a turn: up to `run_ahead` of them, all
+        # already due, run back to back before the loop waits for every stream to take its
+        # tokens (with run_ahead 1: after every pass, lock-step).
+        ahead = 0
         while not self._stopping:
-            if self._unacked:
-                await self._wait_for_consumers()
+            if ahead >= run_ahead:
+                ahead = 0
+                if self._unacked:
+                    await self._wait_for_consumers()
+                else:
+                    await sleep(0)  # every stream took its tokens already: let I/O run
                 continue
             if not self._unfrozen.is_set():
                 if t_ms is not None:
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                 t_ms = None
+                ahead = run_ahead  # the consumers first
                 await self._unfrozen.wait()
                 continue
             if self._inbox:
                 self._drain_inbox()
             if not sched.has_work():
+                if self._unacked:
+                    ahead = run_ahead  # what was handed out goes first
+                    continue
                 if t_ms is not None:
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                 t_ms = None
@@ -280,12 +292,13 @@ class EngineLoop:
                 stats.busy_wall_s += (now - busy_since) / 1000.0
                 t_ms = busy_since = now
             # Plain decode passes (every running request gets one token each) without the
-            # per-pass objects of `step`: behind schedule, up to `run_ahead` passes that have
-            # all ended by now (delivered together); otherwise the next one, slept to its end.
-            # Anything else (admission, prefill, a finishing request) by step.
-            burst = fast_forward(t_ms, now, run_ahead * sched.running_count) if run_ahead > 1 \
+            # per-pass objects of `step`: behind schedule, as many of the window's passes as
+            # have ended by now; otherwise the next one, slept to its end. Anything else
+            # (admission, prefill, a finishing request) by step.
+            room = run_ahead - ahead
+            burst = fast_forward(t_ms, now, room * sched.running_count) if room > 1 \
                 else fast_forward(t_ms, _INF, 1)
-            if not burst.passes and run_ahead > 1:
+            if not burst.passes and room > 1:
                 burst = fast_forward(t_ms, _INF, 1)
             result: PassResult | None = None
             if burst.passes:
@@ -293,6 +306,9 @@ class EngineLoop:
             else:
                 result = sched.step(t_ms)
                 if _empty(result):
+                    if self._unacked:
+                        ahead = run_ahead  # hand out what is due before sleeping
+                        continue
                     # Nothing schedulable yet (e.g. waiting for a KV transfer): sleep until ready.
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                     t_ms = None
@@ -303,20 +319,24 @@ class EngineLoop:
             if end > now:  # on schedule: never deliver before the pass's simulated end
                 stats.sleeps += 1
                 await sleep((end - now) / 1000.0)
+                ahead = 0  # the consumers had their turn while the loop slept
             elif now - end > stats.late_ms_max:
                 stats.late_ms_max = now - end
             t_ms = end
-            stats.passes += 1
             if result is None:
-                stats.passes += burst.passes - 1
+                stats.passes += burst.passes
                 stats.fast_passes += burst.passes
                 stats.simulated_ms += burst.simulated_ms
                 self._deliver_burst(burst)
+                ahead += burst.passes
             else:
+                stats.passes += 1
                 stats.simulated_ms += result.duration_ms
                 if result.signals:
                     self._deliver(result.signals)
+                ahead += 1
             if not self._unacked and end <= now:
+                ahead = 0
                 await sleep(0)  # nothing handed out (e.g. a prefill chunk): let I/O run
         for live in list(self._live.values()):
             if not live.done:

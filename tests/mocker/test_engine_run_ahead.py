@@ -121,7 +121,7 @@ def test_on_schedule_every_wake_still_finds_one_token() -> None:
     seen = run_loop(1.0, wakes=40, run_ahead=K)
     for key, counts in seen.per_wake.items():
         assert max(counts) <= K, (key, counts)
-        assert sum(c == 1 for c in counts[:40]) >= 36, (key, counts)
+        assert sum(c == 1 for c in counts[:40]) >= 32, (key, counts)
 
 
 def test_a_consumer_that_stops_taking_does_not_hold_up_the_others() -> None:

@@ -411,22 +411,30 @@ class FrontendApp:
                 await resp.prepare(request)
             trace.last_token_ns = now
             trace.tokens += n
-            batch.flush()  # what the direct path holds goes out first
             if lp is None:
                 text = decode(ids)
                 if text:  # held back (an incomplete character): no event, the next one has it
-                    await resp.write(enc.chunk(text))
+                    if direct_ok():  # chunks queued behind the first one join this turn's write
+                        batch.write(chunked(enc.chunk(text)))
+                    else:  # the first event (with the headers), or the client is behind
+                        batch.flush()
+                        await resp.write(enc.chunk(text))
                 transport = batch.transport = request.transport
             else:
                 await resp.write(enc.chunk_with_logprobs(decode(ids), lp.build(p)))
+
+        def direct_ok() -> bool:
+            """aiohttp has sent the headers and the first event, and the client keeps up: the
+            next events may go to the transport (this turn's write) without awaiting."""
+            t = transport
+            return not (t is None or t.is_closing()
+                        or t.get_write_buffer_size() + batch.pending > DIRECT_WRITE_LIMIT)
 
         def on_chunk_now(p: dict[str, Any]) -> bool:
             """The same as on_chunk for a plain token chunk, without a task switch: written to
             the transport in the request plane's read callback. Declines (False) until aiohttp
             has sent the headers and the first event, and while the client is behind."""
-            t = transport
-            if (t is None or t.is_closing()
-                    or t.get_write_buffer_size() + batch.pending > DIRECT_WRITE_LIMIT):
+            if not direct_ok():
                 return False
             ids = p["t"]
             n = len(ids)
