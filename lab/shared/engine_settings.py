@@ -125,7 +125,7 @@ class EngineSettings(Settings):
         "TensorRT-LLM stream_interval).", ge=1, le=MAX_STREAM_INTERVAL, metavar="N")
     run_ahead: int = setting(
         DEFAULT_RUN_AHEAD, "Run-ahead window K: when the engine is behind its schedule (speedup "
-        "1000 or 0), up to K decode passes that are already due run back to back and each stream "
+        "1000 or 0), up to K passes that are already due run back to back and each stream "
         "gets their K tokens at once (each still its own TokenOutput), so the writes downstream "
         "can carry several events; a stream holds at most K untaken tokens before the engine "
         "waits for it. 1 = lock-step (one pass, then wait for every stream). On schedule "
