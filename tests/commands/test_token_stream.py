@@ -41,11 +41,14 @@ def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: 
     assert (req["output_tokens"] == OSL).all()
     assert (req["chunks"] == OSL).all(), req["chunks"].value_counts()
     assert (req["tokens_per_chunk"] == 1.0).all()
-    # ITL > 0: a request's events arrive spread over time. On a loaded machine (or at speedup 0)
-    # one client read may still carry all of a request's events, and events of one read share its
-    # stamp, so that is asserted for most requests; the level's ITL must be positive.
+    # ITL > 0: a request's events arrive spread over time. Events of one client read share its
+    # stamp, and behind schedule (speedup 1000 or 0) the events of a stream that are ready
+    # together share a write (docs/token-path.md): on a loaded machine one read may carry all
+    # of a request's events. So that is asserted for most requests (nearly all on schedule);
+    # the level's ITL must be positive.
     assert (req["itl_ms"] >= 0).all()
-    assert (req["itl_ms"] > 0).mean() >= 0.9, req["itl_ms"].describe()
+    spread = 0.9 if speedup == "1" else 0.5
+    assert (req["itl_ms"] > 0).mean() >= spread, req["itl_ms"].describe()
     assert (req["ttft_ms"] <= req["latency_ms"]).all()
     assert levels["tokens_per_chunk"].tolist() == [1.0]
     assert (levels["itl_ms_avg"] > 0).all()
