@@ -67,6 +67,7 @@ def serve(settings: EngineSettings) -> None:
         stall_timeout_s=s.stall_timeout,
         grace_s=s.grace,
         stream_interval=s.stream_interval,
+        run_ahead=s.run_ahead,
         grpc_server=s.grpc_server,
         engine=args,
     )

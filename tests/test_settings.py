@@ -58,7 +58,8 @@ def every_field_changed(tmp_path: Path) -> dict[type[Settings], dict[str, Any]]:
             context_length=4096, max_concurrent_requests=9,
             speedup_ratio=250.5, decode_speedup_ratio=2.25, engine_args='{"max_num_seqs":3}',
             kv_host="127.0.0.2", kv_port=5601, instance_id="engine-0-abcd",
-            record_requests=True, stall_timeout=12.5, stream_interval=8, grpc_server="aio",
+            record_requests=True, stall_timeout=12.5, stream_interval=8, run_ahead=16,
+            grpc_server="aio",
             grace=1.5, log_level="debug",
         ),
         SidecarSettings: dict(

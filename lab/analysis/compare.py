@@ -21,6 +21,8 @@ COMPARED = (
     ("itl_ms_avg", "ITL avg ms"),
     ("tokens_per_chunk", "tok/chunk"),
     ("server_cpu_us_per_token", "server CPU us/token"),
+    ("client_cpu_us_per_token", "client CPU us/token"),
+    ("total_cpu_us_per_token", "total CPU us/token"),
 )
 NEGLIGIBLE_PCT = 0.05
 

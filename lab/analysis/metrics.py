@@ -200,7 +200,23 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     row["loop_lag_p99_ms"] = client.get("loop_lag_p99_ms")
     row["loop_lag_max_ms"] = client.get("loop_lag_max_ms")
     row.update(process_figures(procs, start, end, duration_s, n_ok, out_tokens))
+    row.update(whole_machine_cpu(client.get("cpu_s"), df, row.get("server_cpu_us_per_token")))
     return row
+
+
+def whole_machine_cpu(client_cpu_s: float | None, df: pd.DataFrame,
+                      server_us_per_token: float | None) -> dict[str, float | None]:
+    """The client's CPU per output token (us) and the whole machine's (server + client).
+
+    The client's CPU seconds cover every request of the level, warm-up included, so they are
+    divided by the output tokens of all its successful requests (the server's figure is over
+    the measured window's tokens); both are rates per token, so they add up."""
+    ok_all = df[df["ok"].astype(bool)] if len(df) else df
+    tokens = int(ok_all["output_tokens"].fillna(0).sum()) if len(ok_all) else 0
+    client = 1e6 * client_cpu_s / tokens if client_cpu_s is not None and tokens else None
+    total = (client + server_us_per_token
+             if client is not None and server_us_per_token is not None else None)
+    return {"client_cpu_us_per_token": client, "total_cpu_us_per_token": total}
 
 
 def requested_vs_reported(ok_rows: pd.DataFrame) -> dict[str, float | None]:

@@ -35,9 +35,12 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The results table (docs/metrics.md): Conc, req/s, out tok/s, latency avg/p99,
-    TTFT avg/p50/p99, tokens per chunk, errors (with kinds). `levels` = by_concurrency() rows."""
+    TTFT avg/p50/p99, tokens per chunk, server CPU per request and per output token, client and
+    total (server + client) CPU per output token, errors (with kinds). `levels` =
+    by_concurrency() rows."""
     header = ["Conc", "req/s", "out tok/s", "Latency avg ms", "p99", "TTFT avg ms", "p50", "p99",
-              "ITL ms", "tok/chunk", "CPU ms/req", "CPU us/tok", "Errors"]
+              "ITL ms", "tok/chunk", "CPU ms/req", "CPU us/tok", "client CPU us/tok",
+              "total CPU us/tok", "Errors"]
     rows = []
     for _, r in levels.iterrows():
         req = fnum(r.get("req_s"))
@@ -49,7 +52,9 @@ def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             fnum(r.get("ttft_ms_avg"), 2), fnum(r.get("ttft_ms_p50"), 2),
             fnum(r.get("ttft_ms_p99"), 2), fnum(r.get("itl_ms_avg"), 3),
             fnum(r.get("tokens_per_chunk"), 2), fnum(r.get("server_cpu_ms_per_req"), 2),
-            fnum(r.get("server_cpu_us_per_token"), 0), str(r.get("errors", "0")),
+            fnum(r.get("server_cpu_us_per_token"), 0),
+            fnum(r.get("client_cpu_us_per_token"), 0), fnum(r.get("total_cpu_us_per_token"), 0),
+            str(r.get("errors", "0")),
         ])
     return header, rows
 

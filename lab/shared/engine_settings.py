@@ -29,6 +29,10 @@ DEFAULT_KV_PORT = 5600
 STALL_TIMEOUT_S = 30.0
 #: Graceful-stop grace for in-flight requests.
 GRACE_S = 5.0
+#: Run-ahead window: at most this many passes whose simulated end has already passed are run
+#: and handed out together, so a stream may hold this many untaken tokens (docs/token-path.md).
+DEFAULT_RUN_AHEAD = 4
+MAX_RUN_AHEAD = 64
 #: EngineArgs' speedup defaults, shown in --help (mocker.engine.config holds the values;
 #: tests/mocker/test_cli.py checks they agree).
 ENGINE_SPEEDUP_DEFAULT_TEXT = "1"
@@ -119,6 +123,14 @@ class EngineSettings(Settings):
         DEFAULT_STREAM_INTERVAL, "Tokens per TokenOutput message: 1 = every engine step is its "
         "own message; N = every N tokens plus the last ones (like vLLM --stream-interval, "
         "TensorRT-LLM stream_interval).", ge=1, le=MAX_STREAM_INTERVAL, metavar="N")
+    run_ahead: int = setting(
+        DEFAULT_RUN_AHEAD, "Run-ahead window K: when the engine is behind its schedule (speedup "
+        "1000 or 0), up to K passes that are already due run back to back and each stream "
+        "gets their K tokens at once (each still its own TokenOutput), so the writes downstream "
+        "can carry several events; a stream holds at most K untaken tokens before the engine "
+        "waits for it. 1 = lock-step (one pass, then wait for every stream). On schedule "
+        "(speedup 1) passes are spaced by their simulated time and this changes nothing.",
+        ge=1, le=MAX_RUN_AHEAD, metavar="K")
     grpc_server: str = setting(
         DEFAULT_GRPC_SERVER, "gRPC server implementation: h2 (batched HTTP/2: one socket write "
         "per event-loop turn for all streams) or aio (grpc.aio, the reference). Both speak the "

@@ -291,6 +291,11 @@ class Scheduler:
                 best = r.ready_at
         return best
 
+    @property
+    def running_count(self) -> int:
+        """Requests running (each gets one token per decode pass)."""
+        return len(self._running)
+
     def is_active(self, key: str) -> bool:
         return key in self._reqs
 

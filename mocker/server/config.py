@@ -15,8 +15,10 @@ from lab.shared.engine_settings import (
     DEFAULT_KV_PORT,
     DEFAULT_MAX_CONCURRENT_REQUESTS,
     DEFAULT_ROLE,
+    DEFAULT_RUN_AHEAD,
     DEFAULT_SEED,
     GRACE_S,
+    MAX_RUN_AHEAD,
     STALL_TIMEOUT_S,
 )
 from lab.shared.json_arg import read_json_object
@@ -91,6 +93,8 @@ class ServerConfig:
     grace_s: float = GRACE_S
     #: Tokens per TokenOutput (the last ones of a stream may be fewer).
     stream_interval: int = DEFAULT_STREAM_INTERVAL
+    #: Passes already due that the engine loop runs and hands out together (engine_loop.py).
+    run_ahead: int = DEFAULT_RUN_AHEAD
     #: GRPC_SERVERS: "h2" (lab.wire.h2grpc) or "aio" (grpc.aio).
     grpc_server: str = DEFAULT_GRPC_SERVER
     #: The model's HuggingFace tokenizer (tokenizer.json or its directory): output ids are its
@@ -113,6 +117,8 @@ class ServerConfig:
             raise ValueError(
                 f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}"
             )
+        if not 1 <= self.run_ahead <= MAX_RUN_AHEAD:
+            raise ValueError(f"run_ahead must be in [1, {MAX_RUN_AHEAD}], got {self.run_ahead}")
         if self.vocab_size < 0:
             raise ValueError(f"vocab_size must be >= 0, got {self.vocab_size}")
         if not self.instance_id:

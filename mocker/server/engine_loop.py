@@ -3,7 +3,8 @@
 Delivery rule: every pass hands each stream that advanced its token for that pass (one token
 per stream per pass), and the Generate stream turns each pass's token into its own TokenOutput
 (or, with `stream_interval` N > 1, every N tokens plus the last). Nothing merges the tokens of
-different passes into one message.
+different passes into one message: the writes downstream may carry several messages, each
+message is still one pass's token.
 
 Pacing follows two clocks, and a pass waits for both:
 
@@ -12,12 +13,17 @@ Pacing follows two clocks, and a pass waits for both:
   time; after an idle spell (or a freeze, or falling behind by more than RESYNC_MS) the clock
   restarts at now. A pass whose simulated end is in the future (speedup 1) is delivered only
   after sleeping to that end: never early.
-* The consumers. Before the next pass, the loop waits until every stream that got a token from
-  the last pass has taken it (`ack`: its Generate generator picked it up to write it, or saw
-  it and went back to waiting). At speedup 1000 or 0, where a pass costs more wall time than
-  it simulates, the engine therefore runs exactly as fast as the gRPC writes go, and each
-  stream's queue holds about one token: memory stays bounded and every message is one step.
-  A stream that has not taken its token within PACE_WAIT_MS (its HTTP/2 window is full: the
+* The consumers. Before the next step, the loop waits until every stream that got tokens from
+  the last step has taken them (`ack`: its Generate generator picked them up to write them, or
+  saw them and went back to waiting). A step is one pass, or, when the loop is behind its
+  schedule (speedup 1000 or 0, where a pass costs more wall time than it simulates), a run of
+  up to `run_ahead` (K) plain decode passes whose simulated ends have all passed already: each
+  stream is handed their K tokens at once, drains them in one go, and the gRPC, request-plane
+  and client socket writes downstream each carry K events of that stream instead of one
+  (docs/token-path.md). A stream therefore holds at most K untaken tokens: memory stays
+  bounded. On schedule (speedup 1) no pass has ended before it is run, so every step is one
+  pass, as with K = 1.
+  A stream that has not taken its tokens within PACE_WAIT_MS (its HTTP/2 window is full: the
   reader stopped) is marked slow and no longer waited for; its tokens queue up (at most its
   max_tokens) and it rejoins once it has caught up. The consumer-stall watchdog ends it with
   OVERLOADED if it never drains. So a stalled reader slows only its own stream.
@@ -63,8 +69,11 @@ def _now_ms() -> float:
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, live_by_key: dict[str, LiveRequest]) -> None:
+    def __init__(self, scheduler: Scheduler, live_by_key: dict[str, LiveRequest],
+                 run_ahead: int = 1) -> None:
         self.scheduler = scheduler
+        #: Most passes run and handed out together when they are already due (K >= 1).
+        self.run_ahead = run_ahead
         self._live = live_by_key
         self._inbox: list[tuple[LiveRequest, EngineRequest]] = []
         self._wake = asyncio.Event()
@@ -148,6 +157,18 @@ class EngineLoop:
             if not w.done():
                 w.set_result(None)
 
+    def _hand_many(self, live: LiveRequest, tokens: list[int]) -> None:
+        """Give a stream the tokens of several passes (one each), woken once."""
+        if not live.unacked and not live.slow:
+            live.unacked = True
+            self._unacked += 1
+        live.tokens.extend(tokens)
+        w = live.waiter
+        if w is not None:
+            live.waiter = None
+            if not w.done():
+                w.set_result(None)
+
     def _deliver(self, signals: list[Signal]) -> None:
         live_map = self._live
         for s in signals:
@@ -171,13 +192,18 @@ class EngineLoop:
             live.wake()
 
     def _deliver_burst(self, burst: Burst) -> None:
-        """One fast-forwarded pass: every running request got exactly one token."""
+        """Fast-forwarded passes: every running request got exactly one token per pass."""
         live_map = self._live
         hand = self._hand
+        hand_many = self._hand_many
+        single = burst.passes == 1
         for key, toks in zip(burst.keys, burst.tokens, strict=True):
             live = live_map.get(key)
             if live is not None:
-                hand(live, toks[0])
+                if single:
+                    hand(live, toks[0])
+                else:
+                    hand_many(live, toks)
 
     async def _wait_for_consumers(self) -> None:
         """Until every stream handed a token has taken it, or PACE_WAIT_MS has passed (then the
@@ -226,21 +252,34 @@ class EngineLoop:
         stats = self.stats
         sleep = asyncio.sleep
         fast_forward = sched.fast_forward
+        run_ahead = self.run_ahead
         t_ms: float | None = None  # simulated start of the next pass (perf_counter ms axis)
         busy_since = 0.0
+        # Passes handed out since the consumers last had a turn: up to `run_ahead` of them, all
+        # already due, run back to back before the loop waits for every stream to take its
+        # tokens (with run_ahead 1: after every pass, lock-step).
+        ahead = 0
         while not self._stopping:
-            if self._unacked:
-                await self._wait_for_consumers()
+            if ahead >= run_ahead:
+                ahead = 0
+                if self._unacked:
+                    await self._wait_for_consumers()
+                else:
+                    await sleep(0)  # every stream took its tokens already: let I/O run
                 continue
             if not self._unfrozen.is_set():
                 if t_ms is not None:
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                 t_ms = None
+                ahead = run_ahead  # the consumers first
                 await self._unfrozen.wait()
                 continue
             if self._inbox:
                 self._drain_inbox()
             if not sched.has_work():
+                if self._unacked:
+                    ahead = run_ahead  # what was handed out goes first
+                    continue
                 if t_ms is not None:
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                 t_ms = None
@@ -252,15 +291,24 @@ class EngineLoop:
             elif now - t_ms > RESYNC_MS:
                 stats.busy_wall_s += (now - busy_since) / 1000.0
                 t_ms = busy_since = now
-            # A plain decode pass (every running request gets one token) without the per-pass
-            # objects of `step`; anything else (admission, prefill, a finishing request) by step.
-            burst = fast_forward(t_ms, _INF, 1)
+            # Plain decode passes (every running request gets one token each) without the
+            # per-pass objects of `step`: behind schedule, as many of the window's passes as
+            # have ended by now; otherwise the next one, slept to its end. Anything else
+            # (admission, prefill, a finishing request) by step.
+            room = run_ahead - ahead
+            burst = fast_forward(t_ms, now, room * sched.running_count) if room > 1 \
+                else fast_forward(t_ms, _INF, 1)
+            if not burst.passes and room > 1:
+                burst = fast_forward(t_ms, _INF, 1)
             result: PassResult | None = None
             if burst.passes:
                 end = burst.end_ms
             else:
                 result = sched.step(t_ms)
                 if _empty(result):
+                    if self._unacked:
+                        ahead = run_ahead  # hand out what is due before sleeping
+                        continue
                     # Nothing schedulable yet (e.g. waiting for a KV transfer): sleep until ready.
                     stats.busy_wall_s += (_now_ms() - busy_since) / 1000.0
                     t_ms = None
@@ -271,19 +319,24 @@ class EngineLoop:
             if end > now:  # on schedule: never deliver before the pass's simulated end
                 stats.sleeps += 1
                 await sleep((end - now) / 1000.0)
+                ahead = 0  # the consumers had their turn while the loop slept
             elif now - end > stats.late_ms_max:
                 stats.late_ms_max = now - end
             t_ms = end
-            stats.passes += 1
             if result is None:
-                stats.fast_passes += 1
+                stats.passes += burst.passes
+                stats.fast_passes += burst.passes
                 stats.simulated_ms += burst.simulated_ms
                 self._deliver_burst(burst)
+                ahead += burst.passes
             else:
+                stats.passes += 1
                 stats.simulated_ms += result.duration_ms
                 if result.signals:
                     self._deliver(result.signals)
+                ahead += 1
             if not self._unacked and end <= now:
+                ahead = 0
                 await sleep(0)  # nothing handed out (e.g. a prefill chunk): let I/O run
         for live in list(self._live.values()):
             if not live.done:

@@ -229,8 +229,9 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             first_lp: float | None = None
             stop_token = 0
             exit_: Exit | None = None
-            # One TokenOutput per engine step (per `interval` steps, plus the last): the engine
-            # hands each stream one token per pass, and this loop never merges more.
+            # One TokenOutput per engine pass (per `interval` passes, plus the last): the engine
+            # hands each stream one token per pass (several passes' at once when it runs
+            # ahead), and this loop never merges more into one message.
             while True:
                 if live.claimed:
                     break
@@ -268,7 +269,12 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                         if position == 0:
                             first_token = t
                         position += 1
-                    ack(live)  # taken: the next pass may run while this one is written
+                    if not toks:
+                        # all taken: the next step may run while these are written. A stream
+                        # still holding tokens of a run-ahead step drains them first (without
+                        # suspending unless its HTTP/2 window is full), so it never holds more
+                        # than one step's tokens.
+                        ack(live)
                     if out:
                         if want_lp:
                             msg = GenerateResponse(

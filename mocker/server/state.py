@@ -25,7 +25,7 @@ class ServerState:
         self.allowed_ids = allowed_ids(cfg.tokenizer, cfg.vocab_size)
         self.by_id: dict[str, LiveRequest] = {}
         self.by_key: dict[str, LiveRequest] = {}
-        self.loop = EngineLoop(scheduler, self.by_key)
+        self.loop = EngineLoop(scheduler, self.by_key, cfg.run_ahead)
         self.health = health
         self.recorder = RequestRecorder(cfg.record_requests, RECORDER_CAPACITY)
         self.active = 0  # Generate calls holding a concurrency permit

@@ -44,3 +44,26 @@ def test_nothing_shared() -> None:
     b = RunData("b", None, levels({2: 10.0}))
     (sentence,) = compare_sentences([a, b], align([a, b]))
     assert "share no concurrency" in sentence
+
+
+def test_the_whole_machines_cpu_per_token_is_compared() -> None:
+    """Client and total (server + client) CPU per output token are compared like the server's."""
+    from lab.analysis.compare import table_rows
+
+    def run(label: str, server: float, client: float) -> RunData:
+        lv = levels({32: 300.0}).assign(server_cpu_us_per_token=server,
+                                         client_cpu_us_per_token=client,
+                                         total_cpu_us_per_token=server + client)
+        return RunData(label, None, lv)
+
+    a, b = run("lab", 30.0, 6.0), run("dynamo", 30.0, 8.0)
+    aligned = align([a, b])
+    assert aligned["client_cpu_us_per_token|dynamo|delta_pct"].tolist() == pytest.approx([33.3],
+                                                                                      abs=0.1)
+    assert aligned["total_cpu_us_per_token|dynamo|delta_pct"].tolist() == pytest.approx([5.6],
+                                                                                     abs=0.1)
+    header, rows = table_rows([a, b], aligned)
+    i = header.index("client CPU us/token (lab)")
+    assert rows[0][i:i + 3] == ["6.00", "8.00", "+33.3%"]
+    j = header.index("total CPU us/token (lab)")
+    assert rows[0][j:j + 3] == ["36.00", "38.00", "+5.6%"]

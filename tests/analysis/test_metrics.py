@@ -116,6 +116,24 @@ def test_server_cpu_over_the_window() -> None:
     assert row["rss_peak_mb:engine-0"] == pytest.approx(4.0)
 
 
+def test_client_and_total_cpu_per_output_token() -> None:
+    """The client's CPU covers every request of the level (warm-up too): per token of all its
+    successful requests (3 warm-up + 3 + 8); the total adds the server's per-token figure."""
+    procs = pd.DataFrame([
+        {"t_ns": t * MS, "name": "engine-0", "role": "x", "pid": 1, "cpu_pct": 50.0,
+         "rss_bytes": 1e6} for t in (0, 15, 30, 45)
+    ])
+    row = level_summary(frame(), procs=procs, client={"cpu_s": 0.014})
+    assert row["client_cpu_us_per_token"] == pytest.approx(1e6 * 0.014 / 14)
+    # server: 50% of a core over the 30 ms window, per the window's 11 output tokens
+    assert row["server_cpu_us_per_token"] == pytest.approx(1e6 * 0.5 * 0.030 / 11)
+    assert row["total_cpu_us_per_token"] == pytest.approx(
+        row["client_cpu_us_per_token"] + row["server_cpu_us_per_token"])
+    # without the client's figures (an older run): none, not a server-only "total"
+    bare = level_summary(frame(), procs=procs)
+    assert bare["client_cpu_us_per_token"] is None and bare["total_cpu_us_per_token"] is None
+
+
 def test_levels_and_repeats() -> None:
     df = pd.concat([frame(), frame().assign(concurrency=4),
                     frame().assign(repeat=1)], ignore_index=True)

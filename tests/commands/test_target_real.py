@@ -180,7 +180,8 @@ def test_every_request_failing_gives_a_report_not_a_traceback(
     assert code == 1, text
     assert "c=1: every request failed (6 x http_503: service_unavailable: the engine is " \
            "overloaded)" in text and "the sweep stopped there" in text, text
-    assert "| 1 | 0.0 | 0 | - | - | - | - | - | - | - | - | - | 5 (http_503: 5) |" in text, text
+    assert ("| 1 | 0.0 | 0 | - | - | - | - | - | - | - | - | - | - | - | 5 (http_503: 5) |"
+            in text), text
     md = (out / "report.md").read_text()
     assert "**c=1: every request failed (5 x http_503" in md, md
     levels = pd.read_csv(out / "levels.csv")

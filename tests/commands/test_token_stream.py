@@ -33,7 +33,7 @@ def sweep(run: Path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     return req, pd.read_csv(run / "levels.csv"), proc.stdout
 
 
-@pytest.mark.parametrize("speedup", ["1000", "0"])
+@pytest.mark.parametrize("speedup", ["1000", "0", "1"])
 def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: str) -> None:
     req, levels, out = sweep(tmp_path / "run", "--conc", "32", "--requests", "64",
                              "--speedup", speedup)
@@ -41,11 +41,14 @@ def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: 
     assert (req["output_tokens"] == OSL).all()
     assert (req["chunks"] == OSL).all(), req["chunks"].value_counts()
     assert (req["tokens_per_chunk"] == 1.0).all()
-    # ITL > 0: a request's events arrive spread over time. On a loaded machine (or at speedup 0)
-    # one client read may still carry all of a request's events, and events of one read share its
-    # stamp, so that is asserted for most requests; the level's ITL must be positive.
+    # ITL > 0: a request's events arrive spread over time. Events of one client read share its
+    # stamp, and behind schedule (speedup 1000 or 0) the events of a stream that are ready
+    # together share a write (docs/token-path.md): on a loaded machine one read may carry all
+    # of a request's events. So that is asserted for most requests (nearly all on schedule);
+    # the level's ITL must be positive.
     assert (req["itl_ms"] >= 0).all()
-    assert (req["itl_ms"] > 0).mean() >= 0.9, req["itl_ms"].describe()
+    spread = 0.9 if speedup == "1" else 0.5
+    assert (req["itl_ms"] > 0).mean() >= spread, req["itl_ms"].describe()
     assert (req["ttft_ms"] <= req["latency_ms"]).all()
     assert levels["tokens_per_chunk"].tolist() == [1.0]
     assert (levels["itl_ms_avg"] > 0).all()
@@ -54,6 +57,12 @@ def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: 
     assert np.isclose(levels["server_cpu_us_per_token"].iloc[0] * OSL / 1000,
                       levels["server_cpu_ms_per_req"].iloc[0], rtol=0.01)
     assert "CPU us/tok" in out
+    # and the whole machine's: the client's CPU per output token, and server + client
+    client_us = levels["client_cpu_us_per_token"].iloc[0]
+    assert client_us > 0
+    assert np.isclose(levels["total_cpu_us_per_token"].iloc[0],
+                      levels["server_cpu_us_per_token"].iloc[0] + client_us)
+    assert "client CPU us/tok" in out and "total CPU us/tok" in out
     assert "every event carried one engine step's tokens" in out
 
 

@@ -39,6 +39,7 @@ from lab.serve.frontend.errors import ApiError
 from lab.serve.frontend.httplog import RateLimitedLog
 from lab.serve.frontend.metrics import FrontendMetrics
 from lab.serve.frontend.protocol import GenRequest, parse_chat, parse_completion
+from lab.serve.frontend.turn_writer import TurnWriter
 from lab.serve.frontend.workers import WorkerSet
 from lab.serve.tokenizer import Tokenizer
 
@@ -390,6 +391,8 @@ class FrontendApp:
         perf = time.perf_counter_ns
         itl: Any = None  # the worker's ITL histogram, once the first token named the worker
         transport = None  # set once aiohttp has written the headers: then chunks may go direct
+        # the direct chunks of one loop turn leave in one write (each still its own event)
+        batch = TurnWriter(asyncio.get_running_loop())
 
         async def on_chunk(p: dict[str, Any]) -> None:
             nonlocal itl, transport
@@ -411,17 +414,27 @@ class FrontendApp:
             if lp is None:
                 text = decode(ids)
                 if text:  # held back (an incomplete character): no event, the next one has it
-                    await resp.write(enc.chunk(text))
-                transport = request.transport
+                    if direct_ok():  # chunks queued behind the first one join this turn's write
+                        batch.write(chunked(enc.chunk(text)))
+                    else:  # the first event (with the headers), or the client is behind
+                        batch.flush()
+                        await resp.write(enc.chunk(text))
+                transport = batch.transport = request.transport
             else:
                 await resp.write(enc.chunk_with_logprobs(decode(ids), lp.build(p)))
+
+        def direct_ok() -> bool:
+            """aiohttp has sent the headers and the first event, and the client keeps up: the
+            next events may go to the transport (this turn's write) without awaiting."""
+            t = transport
+            return not (t is None or t.is_closing()
+                        or t.get_write_buffer_size() + batch.pending > DIRECT_WRITE_LIMIT)
 
         def on_chunk_now(p: dict[str, Any]) -> bool:
             """The same as on_chunk for a plain token chunk, without a task switch: written to
             the transport in the request plane's read callback. Declines (False) until aiohttp
             has sent the headers and the first event, and while the client is behind."""
-            t = transport
-            if t is None or t.is_closing() or t.get_write_buffer_size() > DIRECT_WRITE_LIMIT:
+            if not direct_ok():
                 return False
             ids = p["t"]
             n = len(ids)
@@ -433,11 +446,12 @@ class FrontendApp:
             trace.tokens += n
             text = decode(ids)
             if text:
-                t.write(chunked(enc.chunk(text)))
+                batch.write(chunked(enc.chunk(text)))
             return True
 
         try:
             await self.dispatcher.run(req, trace, on_chunk, on_chunk_now if lp is None else None)
+            batch.flush()
             trace.end_ns = perf()
             if not resp.prepared:
                 await resp.prepare(request)
@@ -448,6 +462,7 @@ class FrontendApp:
                              usage)
             await resp.write_eof(enc.chunk(tail) + end if tail else end)
         except ApiError as exc:
+            batch.flush()
             trace.end_ns = perf()
             trace.status = exc.status
             if not resp.prepared:
@@ -464,6 +479,7 @@ class FrontendApp:
         except Exception as exc:
             if not resp.prepared:
                 raise  # _generate answers 500
+            batch.flush()
             trace.end_ns = perf()
             trace.outcome = "internal_error"
             _internal_log.error(
