@@ -1,4 +1,5 @@
-"""Drive a concurrency sweep against an OpenAI URL and write the run directory as it goes.
+"""Drive a concurrency (or request-rate) sweep against an OpenAI URL and write the run
+directory as it goes.
 
 This is the launcher-free half of `lab sweep` (the command wraps it in a Stack, or points it at
 --target). After every level: requests.parquet (rewritten atomically with all completed levels),
@@ -20,7 +21,9 @@ from lab.analysis.checks import failed_sentence
 from lab.analysis.client_health import client_health
 from lab.analysis.metrics import level_key, summarize_run
 from lab.analysis.request_times import requests_frame
+from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.client import ClientOptions, LevelResult, Progress, run_level
+from lab.load.open_loop import run_rate_level
 from lab.load.workload import RequestSet, WorkloadSpec
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
@@ -36,6 +39,19 @@ def level_seed(concurrency: int, repeat: int) -> int:
     return concurrency * 1000 + repeat
 
 
+#: Seconds of arrivals per open-loop level when neither --requests nor --duration is given.
+DEFAULT_RATE_LEVEL_S = 10.0
+
+
+def default_rate_requests(rate: float) -> int:
+    """Requests per open-loop level by default: DEFAULT_RATE_LEVEL_S of arrivals, at least 100."""
+    return max(100, round(DEFAULT_RATE_LEVEL_S * rate))
+
+
+def rate_label(rate: float) -> str:
+    return f"rate={rate:g}/s"
+
+
 @dataclass
 class SweepPlan:
     concurrency: list[int]
@@ -45,6 +61,10 @@ class SweepPlan:
     warmup: int | None = None  # per level (None: one request per slot = the concurrency)
     repeat: int = 1
     client: ClientOptions = field(default_factory=ClientOptions)
+    # open loop (docs/open-loop.md): request rates instead of concurrency levels
+    rates: list[float] | None = None
+    arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
+    max_concurrency: int | None = None
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -55,7 +75,12 @@ class SweepPlan:
     def levels(self) -> list[tuple[int, int]]:
         return [(c, r) for c in self.concurrency for r in range(self.repeat)]
 
+    def rate_levels(self) -> list[tuple[float, int]]:
+        return [(rate, r) for rate in self.rates or [] for r in range(self.repeat)]
+
     def to_dict(self) -> dict:
+        if self.rates:
+            return self._rate_dict()
         return {
             "concurrency": self.concurrency,
             "workload": self.workload.to_dict(),
@@ -65,6 +90,25 @@ class SweepPlan:
             "duration_s": self.duration_s,
             "warmup": self.warmup,
             "warmup_per_level": {str(c): self.warmup_for(c) for c in self.concurrency},
+            "repeat": self.repeat,
+            "client": asdict(self.client),
+            "client_procs": self.client.procs,
+        }
+
+
+    def _rate_dict(self) -> dict:
+        return {
+            "concurrency": [],
+            "rates": self.rates,
+            "arrival": str(self.arrival),
+            "max_concurrency": self.max_concurrency,
+            "workload": self.workload.to_dict(),
+            "requests": self.requests,
+            "requests_per_level": {f"{r:g}": self.requests or default_rate_requests(r)
+                                   for r in self.rates or []}
+            if self.duration_s is None else None,
+            "duration_s": self.duration_s,
+            "warmup": self.warmup or 0,
             "repeat": self.repeat,
             "client": asdict(self.client),
             "client_procs": self.client.procs,
@@ -143,13 +187,39 @@ class SweepRunner:
         self._save(concurrency, repeat, result)
         return result
 
-    def _save(self, concurrency: int, repeat: int, result: LevelResult) -> None:
+    async def run_rate(self, rate: float, repeat: int) -> LevelResult:
+        """One open-loop level: its seeded schedule (--requests arrivals, or those within
+        --duration), sent at the intended times (`lab.load.open_loop`)."""
+        plan = self.plan
+        warmup = plan.warmup or 0
+        seed = schedule_seed(plan.workload.seed, rate, repeat)
+        if plan.duration_s is None:
+            n = warmup + (plan.requests or default_rate_requests(rate))
+        else:
+            n = plan.arrival.count_within(rate, plan.duration_s, seed)
+        offsets = plan.arrival.schedule_ns(rate, n, seed)
+        bodies = RequestSet(plan.workload, self.model, level_seed(round(rate * 1000), repeat), n)
+        options = replace(plan.client, duration_s=None,
+                          request_id_prefix=f"r{rate:g}-r{repeat}-")
+        label = rate_label(rate) + (f" (repeat {repeat + 1}/{plan.repeat})"
+                                    if plan.repeat > 1 else "")
+        self.progress.start(label)
+        if self.started_ns is None:
+            self.started_ns = time.perf_counter_ns()
+        result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
+                                      max_concurrency=plan.max_concurrency, seed=seed,
+                                      options=options, progress=self.progress.update)
+        self._save(0, repeat, result, rate)
+        return result
+
+    def _save(self, concurrency: int, repeat: int, result: LevelResult,
+              rate: float | None = None) -> None:
         for r in result.records:
             r["run_id"] = self.run_id
             r["repeat"] = repeat
         self.records.extend(result.records)
         self.writer.append(result.records)
-        self.clients[level_key(concurrency, repeat)] = client_health(
+        self.clients[level_key(concurrency, repeat, rate)] = client_health(
             result.procs, requests_frame(result.records))
         rundir.write_json(self.run_dir / rundir.CLIENT_JSON, self.clients)
         requests = requests_frame(self.records)
@@ -157,26 +227,33 @@ class SweepRunner:
         levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
                                clients=self.clients)
         rundir.write_levels(self.run_dir, levels)
-        row = levels[(levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)].iloc[0]
-        self.progress.done(level_line(row, self.progress.label))
+        mask = (levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)
+        if rate is not None:
+            mask &= levels["rate"] == rate
+        self.progress.done(level_line(levels[mask].iloc[0], self.progress.label))
         if self.on_level:
             self.on_level(concurrency, repeat, result)
 
     async def run(self) -> None:
+        for rate, repeat in self.plan.rate_levels():
+            result = await self.run_rate(rate, repeat)
+            failed = [r for r in result.records if not r.get("ok")]
+            if result.records and len(failed) == len(result.records):
+                raise LevelFailed(rate_label(rate), failed)
         for concurrency, repeat in self.plan.levels():
             result = await self.run_one(concurrency, repeat)
             failed = [r for r in result.records if not r.get("ok")]
             if result.records and len(failed) == len(result.records):
-                raise LevelFailed(concurrency, failed)
+                raise LevelFailed(f"c={concurrency}", failed)
 
 
 class LevelFailed(RuntimeError):
     """Every request of a level failed: the sweep stops (the next levels would fail the same
     way); the level is kept, with its errors, in the run directory."""
 
-    def __init__(self, concurrency: int, failed: list[dict]) -> None:
-        self.concurrency = concurrency
-        super().__init__(f"c={concurrency}: {failed_sentence(failed)}; the sweep stopped "
+    def __init__(self, level: str, failed: list[dict]) -> None:
+        self.level = level
+        super().__init__(f"{level}: {failed_sentence(failed)}; the sweep stopped "
                          "there (the next levels would fail the same way)")
 
 
