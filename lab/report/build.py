@@ -161,7 +161,8 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     fault_md = faults.markdown() if faults is not None else None
     if faults is not None and fault_md is not None and not timeline.empty:
         fault_md += "\n" + open_loop_report.recovery_markdown(
-            [recovery(requests, timeline, m["t_ns"], m["label"]) for m in faults.fault_marks()])
+            [recovery(requests, timeline, o.t_ns, f"{o.kind} {o.process}")
+             for o in faults.outcomes if not o.resume])
     note = None
     if sweep.get("target"):
         note = ("Per-process server CPU is absent: this sweep ran against an external target "

@@ -61,7 +61,7 @@ def timeline_plot(timeline: pd.DataFrame, path: Path, faults: list[dict] | None 
     for _, g in tl.groupby([c for c in ("concurrency", "rate", "repeat") if c in tl],
                            sort=True, dropna=False):
         label = level_label(g.iloc[0])
-        x = g["t_s"]
+        x = g["t_s"] + 0.5  # the middle of each one-second bin
         axes[0].plot(x, g["sent"], "-", label=f"{label} sent/s")
         axes[0].plot(x, g["completed"], "--", label=f"{label} completed/s")
         if g["errors"].any():
