@@ -32,7 +32,8 @@ def open_loop_table(levels: pd.DataFrame) -> str:
             str(int(r.get("held") or 0)), fnum(r.get("ttft_ms_p50"), 2),
             fnum(r.get("ttft_ms_p99"), 2), fnum(r.get("ttft_intended_ms_p50"), 2),
             fnum(r.get("ttft_intended_ms_p99"), 2), fnum(r.get("latency_ms_p99")),
-            fnum(r.get("latency_intended_ms_p99")), "yes" if (r.get("sustained") or 0) >= 1 else "no",
+            fnum(r.get("latency_intended_ms_p99")),
+            "yes" if (r.get("sustained") or 0) >= 1 else "no",
         ])
     return md_table(header, rows)
 
