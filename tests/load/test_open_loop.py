@@ -75,12 +75,14 @@ def rate_of(stamps: pd.Series) -> float:
 # A drawn schedule of n requests has its own rate, within about 1/sqrt(n) of the offered one;
 # these seeds draw schedules within 2% of it (the asked CV within 5% for gamma), so a miss by
 # more is the client's. The schedules are deterministic: the same seed gives the same times.
-POISSON_SEED = 9
+POISSON_SEED = 5
 GAMMA_SEED = 1
 
 
 def test_poisson_rate_and_exponential_gaps(server: FakeServer) -> None:
-    rate, n = 100.0, 300
+    # 20 ms mean gaps: a loaded 2-core box delays single sends by a few ms, which would distort
+    # the shortest gaps of a faster schedule as seen by the KS statistic
+    rate, n = 50.0, 300
     df = run(server.url, "poisson", rate, n, seed=POISSON_SEED)
     assert rate_of(df["sent_ns"]) == pytest.approx(rate, rel=0.05)
     assert rate_of(df["sent_ns"]) == pytest.approx(rate_of(df["intended_ns"]), rel=0.02)
