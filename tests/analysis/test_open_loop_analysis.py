@@ -66,11 +66,13 @@ def test_held_requests_are_said_to_be_the_caps() -> None:
 
 def test_growing_latency_is_not_sustained() -> None:
     recs = rows(50.0, 300)
-    for i, r in enumerate(recs):  # a queue building up: each request waits 1 ms more
-        r["first_ns"] += i * MS
-        r["end_ns"] += i * MS
-        r["done_ns"] += i * MS
+    for i, r in enumerate(recs):  # a queue building up: each request waits 0.1 ms more
+        r["first_ns"] += i * MS // 10
+        r["end_ns"] += i * MS // 10
+        r["done_ns"] += i * MS // 10
     levels = summarize_run(requests_frame(recs))
+    # the completed rate still keeps up (within 2%): only the growth says it is not sustained
+    assert levels.iloc[0]["completed_req_s"] >= 0.98 * levels.iloc[0]["schedule_req_s"]
     assert levels.iloc[0]["sustained"] == 0
     assert "no rate of the sweep was sustained" in sustained_sentence(levels)
 
