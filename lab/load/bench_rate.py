@@ -50,7 +50,8 @@ async def _one(url: str, model: str, rate: float, n: int, osl: int, procs: int,
     return {"sent": fig["sent_req_s"], "fraction": fig["sent_fraction"],
             "lag_p50": fig["dispatch_lag_ms_p50"], "lag_p99": fig["dispatch_lag_ms_p99"],
             "lag_max": fig["dispatch_lag_ms_max"], "cpu_ms": cl["cpu_ms_per_request"],
-            "busiest": cl["cpu_pct_max_proc"], "errors": int((~df["ok"]).sum())}
+            "busiest": cl["cpu_pct_max_proc"], "loop_lag_p99": cl["loop_lag_p99_ms"],
+            "errors": int((~df["ok"]).sum())}
 
 
 @click.command()
@@ -89,7 +90,8 @@ def main(rates: tuple[float, ...], requests: int, osl: int, repeat: int, procs: 
         click.echo(f"rate={rate:<7g} sent {med['sent']:8.1f} req/s ({100 * med['fraction']:5.1f}%)"
                    f"  lag p50 {med['lag_p50']:.3f} p99 {med['lag_p99']:.3f} max "
                    f"{med['lag_max']:.2f} ms  client CPU {med['cpu_ms']:.3f} ms/req  busiest "
-                   f"proc {med['busiest']:.0f}%  errors {sum(r['errors'] for r in runs[rate])}"
+                   f"proc {med['busiest']:.0f}%  loop lag p99 {med['loop_lag_p99']:.2f} ms  "
+                   f"errors {sum(r['errors'] for r in runs[rate])}"
                    f"  {'kept' if ok else 'NOT kept'}")
     ceiling = f"{max(kept):g} req/s" if kept else "below the lowest rate tried"
     click.echo(f"ceiling ({procs} process(es)): {ceiling} (kept = sent >= "
