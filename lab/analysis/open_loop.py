@@ -7,6 +7,8 @@ stack sustained the rate.
     schedule rate    (n - 1) / (last intended send - first intended send): the drawn schedule's
                      own rate (a Poisson schedule of n requests is within ~1/sqrt(n) of offered)
     sent rate        (n - 1) / (last actual send - first actual send)
+    completed rate   (k - 1) / (last response end - first response end), over the k successful
+                     requests (their own span, as for the sends: unbiased for a short level)
     dispatch lag     actual send - release (the send delay; release = intended unless held)
     held             release - intended: the wait at the client under --max-concurrency
     sustained        completed rate >= 98% of the schedule rate, and latency from the intended
@@ -61,10 +63,7 @@ def open_loop_figures(df: pd.DataFrame) -> dict[str, Any]:
     rate = float(df["rate"].dropna().iloc[0])
     schedule = _rate(m["intended_ns"])
     sent = _rate(m["sent_ns"])
-    end = m["end_ns"].astype("float64").fillna(m["done_ns"].astype("float64"))
-    completed_span = (float(end[m["ok"].astype(bool)].max()) - float(m["intended_ns"].min())
-                      if len(ok) else 0.0)
-    completed = len(ok) / completed_span * 1e9 if completed_span > 0 else None
+    completed = _rate(ok["end_ns"])
     lag = describe(m["send_delay_ms"])
     held = m["held_ms"].fillna(0)
     held_stats = describe(held[held > 0])
@@ -147,7 +146,8 @@ def sustained_sentence(levels: pd.DataFrame) -> str:
         return "saturation: no rate of the sweep was sustained."
     best = float(ok["rate"].max())
     above = rated[rated["rate"] > best]
-    tail = (f"; {float(above['rate'].min()):g}/s was not" if not above.empty
-            else "; no higher rate was tried")
+    hi = float(above["rate"].min()) if not above.empty else None
+    tail = (f"; {hi:g}/s was not, so the ceiling lies within {100 * (hi / best - 1):.0f}% "
+            "above it" if hi is not None else "; no higher rate was tried")
     return (f"saturation: the highest sustained rate is {best:g} req/s (completed within "
             f"{100 * (1 - SUSTAIN_FRACTION):.0f}% of the schedule, latency not growing){tail}.")

@@ -241,7 +241,7 @@ def sweep(arrival: ArrivalSettings, **kw: Any) -> None:
         client=ClientOptions(fresh_connection=kw["fresh_connection"], gap_ms=kw["gap_ms"],
                              timeout_s=kw["timeout_s"], procs=kw["client_procs"],
                              isolate=not kw["in_process_client"]),
-        rates=list(arrival.rate or []) or None, arrival=arrival.process,
+        rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency,
     )
     slos = {k: kw[f"slo_{k}"] for k in ("ttft_ms", "latency_ms", "itl_ms")

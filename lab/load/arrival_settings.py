@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import model_validator
 
@@ -34,6 +35,15 @@ def parse_rates(value: str) -> tuple[float, ...]:
     return tuple(sorted(out))
 
 
+def parse_rate_option(value: str) -> tuple[float, ...] | Literal["auto"]:
+    """--rate: a list of rates, or `auto` (search the saturation rate)."""
+    return "auto" if value.strip() == "auto" else parse_rates(value)
+
+
+def _format_rate(value: tuple[float, ...] | str) -> list[str]:
+    return [value if isinstance(value, str) else ",".join(f"{r:g}" for r in value)]
+
+
 def parse_arrival(value: str) -> str:
     return str(ArrivalProcess.parse(value))
 
@@ -41,11 +51,12 @@ def parse_arrival(value: str) -> str:
 class ArrivalSettings(Settings):
     """Open-loop load: request rates and their arrival process (instead of --conc)."""
 
-    rate: tuple[float, ...] | None = setting(
+    rate: tuple[float, ...] | Literal["auto"] | None = setting(
         None, "Open-loop levels, in requests/s, comma-separated, instead of --conc: each "
-        "request is sent at its intended time whatever the server does.", parse=parse_rates,
-        metavar="LIST", format=lambda v: [",".join(f"{r:g}" for r in v)],
-        default_text="none (closed loop, --conc)")
+        "request is sent at its intended time whatever the server does. `auto`: find the "
+        "highest rate the stack sustains, from the closed-loop throughput at c=32, in at most "
+        "8 rate levels (bracket, then bisect).", parse=parse_rate_option,
+        metavar="LIST|auto", format=_format_rate, default_text="none (closed loop, --conc)")
     arrival: str = setting(
         "poisson", "Arrival process of --rate: poisson, gamma:CV (CV > 1 burstier, < 1 "
         "smoother) or constant; seeded by --seed.", parse=parse_arrival,
@@ -60,6 +71,14 @@ class ArrivalSettings(Settings):
         if self.max_concurrency is not None and not self.rate:
             raise ValueError("--max-concurrency caps an open-loop level: it needs --rate")
         return self
+
+    @property
+    def rates(self) -> list[float] | None:
+        return list(self.rate) if self.rate and self.rate != "auto" else None
+
+    @property
+    def auto(self) -> bool:
+        return self.rate == "auto"
 
     @property
     def process(self) -> ArrivalProcess:

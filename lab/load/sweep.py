@@ -24,6 +24,7 @@ from lab.analysis.request_times import requests_frame
 from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.client import ClientOptions, LevelResult, Progress, run_level
 from lab.load.open_loop import run_rate_level
+from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.workload import RequestSet, WorkloadSpec
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
@@ -65,6 +66,7 @@ class SweepPlan:
     rates: list[float] | None = None
     arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
     max_concurrency: int | None = None
+    rate_auto: bool = False  # --rate auto: search the saturation rate (lab.load.rate_search)
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -79,7 +81,7 @@ class SweepPlan:
         return [(rate, r) for rate in self.rates or [] for r in range(self.repeat)]
 
     def to_dict(self) -> dict:
-        if self.rates:
+        if self.rates or self.rate_auto:
             return self._rate_dict()
         return {
             "concurrency": self.concurrency,
@@ -99,7 +101,7 @@ class SweepPlan:
     def _rate_dict(self) -> dict:
         return {
             "concurrency": [],
-            "rates": self.rates,
+            "rates": "auto" if self.rate_auto else self.rates,
             "arrival": str(self.arrival),
             "max_concurrency": self.max_concurrency,
             "workload": self.workload.to_dict(),
@@ -165,6 +167,7 @@ class SweepRunner:
         self.records: list[dict] = []
         self.run_id = self.run_dir.name
         self.started_ns: int | None = None
+        self.last_row: pd.Series | None = None  # the levels.csv row of the last level run
 
     async def run_one(self, concurrency: int, repeat: int) -> LevelResult:
         plan = self.plan
@@ -184,7 +187,7 @@ class SweepRunner:
             self.started_ns = time.perf_counter_ns()
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
                                  progress=self.progress.update)
-        self._save(concurrency, repeat, result)
+        self.last_row = self._save(concurrency, repeat, result)
         return result
 
     async def run_rate(self, rate: float, repeat: int) -> LevelResult:
@@ -209,11 +212,11 @@ class SweepRunner:
         result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
                                       max_concurrency=plan.max_concurrency, seed=seed,
                                       options=options, progress=self.progress.update)
-        self._save(0, repeat, result, rate)
+        self.last_row = self._save(0, repeat, result, rate)
         return result
 
     def _save(self, concurrency: int, repeat: int, result: LevelResult,
-              rate: float | None = None) -> None:
+              rate: float | None = None) -> pd.Series:
         for r in result.records:
             r["run_id"] = self.run_id
             r["repeat"] = repeat
@@ -230,11 +233,28 @@ class SweepRunner:
         mask = (levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)
         if rate is not None:
             mask &= levels["rate"] == rate
-        self.progress.done(level_line(levels[mask].iloc[0], self.progress.label))
+        row = levels[mask].iloc[0]
+        self.progress.done(level_line(row, self.progress.label))
         if self.on_level:
             self.on_level(concurrency, repeat, result)
+        return row
+
+    async def run_auto(self) -> None:
+        """--rate auto: the closed-loop level, then rates chosen by `rate_search.next_rate`."""
+        closed = await self.run_one(AUTO_CONCURRENCY, 0)
+        ok = [r for r in closed.records if r.get("ok") and not r.get("warmup")]
+        if not ok:
+            raise LevelFailed(f"c={AUTO_CONCURRENCY}", closed.records)
+        start = float(self.last_row["req_s"])
+        tried: list[tuple[float, bool]] = []
+        while (rate := next_rate(start, tried)) is not None:
+            await self.run_rate(rate, 0)
+            tried.append((rate, bool(self.last_row["sustained"] >= 1)))
 
     async def run(self) -> None:
+        if self.plan.rate_auto:
+            await self.run_auto()
+            return
         for rate, repeat in self.plan.rate_levels():
             result = await self.run_rate(rate, repeat)
             failed = [r for r in result.records if not r.get("ok")]

@@ -61,3 +61,21 @@ def test_open_loop_through_a_freeze_counts_every_request(tmp_path: Path) -> None
     md = (run / "report.md").read_text()
     assert "## Open loop" in md and "TTFT p99" in md and "freeze engine-1" in md
     assert (run / "plots" / "timeline.png").exists()
+
+
+def test_rate_auto_brackets_the_saturation_rate(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "lab"), "sweep", "--rate", "auto", "--requests", "40",
+         "--osl", "8", "--isl", "8", "--speedup", "1000", "--out", str(run), "--quiet",
+         "--no-plots"],
+        capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    levels = pd.read_csv(run / "levels.csv")
+    closed = levels[levels["rate"].isna()]
+    rated = levels[levels["rate"].notna()].sort_values("window_start_ns")  # in the order run
+    assert list(closed["concurrency"]) == [32]
+    assert 1 <= len(rated) <= 8
+    first = rated.iloc[0]["rate"]  # the search starts from the closed loop's throughput
+    assert abs(first - round(closed.iloc[0]["req_s"], 1)) < 0.11
+    assert "saturation:" in proc.stdout
