@@ -3,6 +3,7 @@
 Bins are whole seconds since the run's first request (its first intended send, else its first
 actual send), on the same perf_counter_ns clock as events.jsonl, so a fault lines up with them.
 
+    t_s, t_ns      the bin's start: seconds since the origin, and its perf_counter_ns stamp
     intended       requests whose intended send falls in the bin (open-loop levels)
     sent           requests actually sent in the bin
     completed      successful requests whose last content chunk falls in the bin (req/s)
@@ -77,6 +78,7 @@ def level_timeline(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:
         group = df[in_bin]
         rows.append({
             "t_s": float((lo - origin_ns) / 1e9),
+            "t_ns": lo,
             "in_flight": int(((sent < hi) & ~(done < hi)).sum()),
             "ttft_ms_p50": _pct(group["ttft_ms"], 50),
             "ttft_ms_p99": _pct(group["ttft_ms"], 99),
