@@ -92,6 +92,7 @@ class _OpenDriver:
         self.lags_ns: list[int] = []
         self.finished: list[tuple[_Ctx, RawResponse]] = []
         self.idle: list[Http1Connection] = []
+        self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
         self.held: deque[tuple[int, int]] = deque()
         self.inflight = 0
         self.scheduled_all = False
@@ -137,6 +138,7 @@ class _OpenDriver:
             raw.error_message = (f"cannot connect to {origin.host}:{origin.port}: "
                                  f"{type(exc).__name__}: {exc}")
         else:
+            self.conns.add(conn)
             try:
                 self._write(conn, ctx, raw, data)
             except Exception as exc:  # never lose a request: anything unexpected is a row
@@ -153,6 +155,7 @@ class _OpenDriver:
             self.idle.append(conn)
         else:
             conn.close()
+            self.conns.discard(conn)
         self._complete(ctx, raw)
 
     def _complete(self, ctx: _Ctx, raw: RawResponse) -> None:
@@ -250,9 +253,10 @@ class _OpenDriver:
                 ticker.cancel()
                 if prog is not None:
                     prog.cancel()
-        finally:
-            for conn in self.idle:
+        finally:  # an interrupted level leaves no connection open
+            for conn in self.conns:
                 conn.close()
+            self.conns.clear()
             self.idle.clear()
         t1 = time.perf_counter_ns()
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
