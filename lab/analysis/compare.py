@@ -24,6 +24,13 @@ COMPARED = (
     ("client_cpu_us_per_token", "client CPU us/token"),
     ("total_cpu_us_per_token", "total CPU us/token"),
 )
+#: Also compared when every run is open loop (levels aligned by rate; docs/open-loop.md).
+OPEN_LOOP_COMPARED = (
+    ("sent_req_s", "sent req/s"),
+    ("ttft_intended_ms_p99", "TTFT p99 (intended) ms"),
+    ("latency_intended_ms_p99", "latency p99 (intended) ms"),
+    ("dispatch_lag_ms_p99", "dispatch lag p99 ms"),
+)
 NEGLIGIBLE_PCT = 0.05
 
 
@@ -69,16 +76,35 @@ def delta_pct(base: float | None, other: float | None) -> float | None:
     return 100.0 * (other / base - 1.0)
 
 
+def level_axis(runs: list[RunData]) -> str:
+    """'rate' when every run is an open-loop sweep, else 'concurrency'."""
+    rated = all("rate" in r.levels and r.levels["rate"].notna().all() and len(r.levels)
+                for r in runs)
+    return "rate" if rated else "concurrency"
+
+
+def compared(axis: str) -> tuple[tuple[str, str], ...]:
+    return COMPARED + OPEN_LOOP_COMPARED if axis == "rate" else COMPARED
+
+
+def _level(axis: str, value: Any) -> str:
+    return f"{float(value):g}/s" if axis == "rate" else str(int(value))
+
+
 def align(runs: list[RunData]) -> pd.DataFrame:
-    """One row per concurrency that the first run and at least one other share; for each compared
-    metric the value of every run and each other run's delta (%) against the first."""
-    base = runs[0].levels.set_index("concurrency")
-    others = [r.levels.set_index("concurrency") for r in runs[1:]]
+    """One row per level (concurrency, or rate when every run is open loop) that the first run
+    and at least one other share; for each compared metric the value of every run and each
+    other run's delta (%) against the first."""
+    axis = level_axis(runs)
+    keep = [r.levels[r.levels["rate"].isna()] if axis == "concurrency" and "rate" in r.levels
+            else r.levels for r in runs]  # an open-loop run shares no concurrency level
+    base = keep[0].set_index(axis)
+    others = [k.set_index(axis) for k in keep[1:]]
     concs = sorted(set(base.index).intersection(*[set(o.index) for o in others])) if others else []
     rows = []
     for c in concs:
-        row: dict[str, Any] = {"concurrency": int(c)}
-        for col, _ in COMPARED:
+        row: dict[str, Any] = {axis: c}
+        for col, _ in compared(axis):
             b = base.at[c, col] if col in base else None
             row[f"{col}|{runs[0].label}"] = b
             for run, o in zip(runs[1:], others, strict=True):
@@ -99,18 +125,19 @@ def throughput_sentence(aligned: pd.DataFrame, base_label: str, label: str,
     col = f"req_s|{label}|delta_pct"
     if aligned.empty or col not in aligned:
         return f"{label} and {base_label} share no concurrency level: nothing to compare"
+    axis = "rate" if "rate" in aligned else "concurrency"
     costs, gains, same = [], [], []
-    for c, d in zip(aligned["concurrency"], aligned[col], strict=True):
+    for c, d in zip(aligned[axis], aligned[col], strict=True):
         if d is None or pd.isna(d):
             continue
         if abs(d) < NEGLIGIBLE_PCT:
-            same.append(int(c))
+            same.append(_level(axis, c))
         elif d < 0:
-            costs.append((int(c), d))
+            costs.append((_level(axis, c), d))
         else:
-            gains.append((int(c), d))
+            gains.append((_level(axis, c), d))
 
-    def listing(items: list[tuple[int, float]]) -> str:
+    def listing(items: list[tuple[str, float]]) -> str:
         first, *rest = items
         parts = [f"{_fmt_pct(first[1])} throughput at {first[0]}"]
         parts += [f"{_fmt_pct(d)} at {c}" for c, d in rest]
@@ -122,7 +149,7 @@ def throughput_sentence(aligned: pd.DataFrame, base_label: str, label: str,
     if gains:
         clauses.append("gains " + listing(gains))
     if same:
-        clauses.append("matches throughput at " + ", ".join(str(c) for c in same))
+        clauses.append("matches throughput at " + ", ".join(same))
     if not clauses:
         return f"{label}: no throughput figures to compare"
     vs = "" if modes else f" (vs {base_label})"
@@ -136,15 +163,16 @@ def compare_sentences(runs: list[RunData], aligned: pd.DataFrame) -> list[str]:
 
 def table_rows(runs: list[RunData], aligned: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the printed comparison: per metric, each run's value and deltas."""
-    header = ["Conc"]
-    for _, name in COMPARED:
+    axis = "rate" if "rate" in aligned else "concurrency"
+    header = ["Rate" if axis == "rate" else "Conc"]
+    for _, name in compared(axis):
         header.append(f"{name} ({runs[0].label})")
         for r in runs[1:]:
             header += [f"{name} ({r.label})", "Δ%"]
     rows = []
     for _, a in aligned.iterrows():
-        row = [str(int(a["concurrency"]))]
-        for col, _ in COMPARED:
+        row = [_level(axis, a[axis])]
+        for col, _ in compared(axis):
             row.append(_num(a.get(f"{col}|{runs[0].label}")))
             for r in runs[1:]:
                 row.append(_num(a.get(f"{col}|{r.label}")))

@@ -193,6 +193,10 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
             good = good[good["itl_ms"].fillna(0) <= slos.itl_ms]
         row["goodput_req_s"] = len(good) / duration_s if duration_s > 0 else None
     client = client or {}
+    if "rate" in df and df["rate"].notna().any():
+        from lab.analysis.open_loop import open_loop_figures
+
+        row.update(open_loop_figures(df))
     row["client_procs"] = client.get("procs")
     row["client_cpu_pct"] = client.get("cpu_pct")
     row["client_cpu_pct_max_proc"] = client.get("cpu_pct_max_proc")
@@ -242,8 +246,25 @@ def _numeric_or_none(values: pd.Series) -> bool:
     return bool(values.map(lambda v: v is None or isinstance(v, int | float)).all())
 
 
-def level_key(concurrency: int, repeat: int) -> str:
-    return f"{concurrency}/{repeat}"
+def level_key(concurrency: int, repeat: int, rate: float | None = None) -> str:
+    """A level's key in client.json: 'C/R', or 'rate=X/R' for an open-loop level."""
+    if rate is None or pd.isna(rate):
+        return f"{concurrency}/{repeat}"
+    return f"rate={float(rate):g}/{repeat}"
+
+
+def level_keys(frame: pd.DataFrame) -> list[str]:
+    """The columns a level is grouped by: concurrency and repeat, plus rate in an open-loop run."""
+    rated = "rate" in frame and frame["rate"].notna().any()
+    return ["concurrency", "rate", "repeat"] if rated else ["concurrency", "repeat"]
+
+
+def level_label(row: Any) -> str:
+    """'c=32', or 'rate=50/s' for an open-loop level (a levels.csv row)."""
+    rate = row.get("rate") if hasattr(row, "get") else None
+    if rate is not None and not pd.isna(rate):
+        return f"rate={float(rate):g}/s"
+    return f"c={int(row['concurrency'])}"
 
 
 def summarize_run(requests: pd.DataFrame, *, procs: pd.DataFrame | None = None,
@@ -252,8 +273,11 @@ def summarize_run(requests: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     if "repeat" not in requests:
         requests = requests.assign(repeat=0)
     rows = []
-    for (conc, rep), g in requests.groupby(["concurrency", "repeat"], sort=True):
-        client = (clients or {}).get(level_key(int(conc), int(rep)))
+    keys = level_keys(requests)
+    for key, g in requests.groupby(keys, sort=True, dropna=False):
+        values = dict(zip(keys, key, strict=True))
+        conc, rep = values["concurrency"], values["repeat"]
+        client = (clients or {}).get(level_key(int(conc), int(rep), values.get("rate")))
         rows.append(level_summary(g, procs=procs, client=client, slos=slos))
     out = pd.DataFrame(rows)
     # a level where every request failed has None for every latency figure: keep such columns
@@ -269,8 +293,9 @@ def by_concurrency(levels: pd.DataFrame) -> pd.DataFrame:
     (the spread shown when a sweep repeats levels)."""
     if levels.empty:
         return levels
-    numeric = levels.select_dtypes("number").columns.difference(["concurrency", "repeat"])
-    agg = levels.groupby("concurrency", sort=True)
+    keys = [k for k in level_keys(levels) if k != "repeat"]
+    numeric = levels.select_dtypes("number").columns.difference([*keys, "repeat"])
+    agg = levels.groupby(keys, sort=True, dropna=False)
     out = agg[list(numeric)].mean()
     out["repeats"] = agg.size()
     for col in ("req_s", "latency_ms_avg"):

@@ -19,7 +19,8 @@ import pandas as pd
 NS_PER_MS = 1e6
 
 #: The per-request figures derived here, in milliseconds; never stored.
-REQUEST_MS_COLUMNS = ("send_delay_ms", "ttft_ms", "ttst_ms", "latency_ms", "itl_ms")
+REQUEST_MS_COLUMNS = ("send_delay_ms", "ttft_ms", "ttst_ms", "latency_ms", "itl_ms",
+                      "held_ms", "ttft_intended_ms", "latency_intended_ms")
 
 
 def _ns(df: pd.DataFrame, column: str) -> pd.Series:
@@ -42,20 +43,27 @@ def with_request_times(requests: pd.DataFrame) -> pd.DataFrame:
 
     send delay = sent - scheduled; TTFT = first content chunk - sent; latency = last content
     chunk - sent; TTST = second - first content chunk; ITL = (latency - TTFT) / (output tokens
-    - 1), for more than one output token. NaN where a request lacks the stamps (no content
-    chunk, too few chunks or tokens).
+    - 1), for more than one output token. Open-loop requests (docs/open-loop.md) also get the
+    figures from their intended send time, corrected for coordinated omission: held = scheduled
+    - intended, TTFT (intended) = first content chunk - intended, latency (intended) = last
+    content chunk - intended. NaN where a request lacks the stamps (no content chunk, too few
+    chunks or tokens, no intended send time).
     """
     sent = _ns(requests, "sent_ns")
     first = _ns(requests, "first_ns")
     ttft = (first - sent) / NS_PER_MS
     latency = (_ns(requests, "end_ns") - sent) / NS_PER_MS
     tokens = _ns(requests, "output_tokens")
+    intended = _ns(requests, "intended_ns")
     derived = {
         "send_delay_ms": (sent - _ns(requests, "scheduled_ns")) / NS_PER_MS,
         "ttft_ms": ttft,
         "ttst_ms": (_second_chunk_ns(requests) - first) / NS_PER_MS,
         "latency_ms": latency,
         "itl_ms": ((latency - ttft) / (tokens - 1)).where(tokens > 1),
+        "held_ms": (_ns(requests, "scheduled_ns") - intended) / NS_PER_MS,
+        "ttft_intended_ms": (first - intended) / NS_PER_MS,
+        "latency_intended_ms": (_ns(requests, "end_ns") - intended) / NS_PER_MS,
     }
     return requests.assign(**derived)
 

@@ -8,6 +8,8 @@ directory").
     client.json       client-health figures per level (CPU, loop lag: not derivable from requests;
                       lab.analysis.client_health)
     procs.parquet     per-process CPU/RSS samples (the launcher's sampler)
+    timeline.parquet  per level, per second: sent, completed, in flight, TTFT/ITL, errors
+                      (lab.analysis.timeline)
     events.jsonl      launcher events (faults, exits, restarts, registrations)
     plots/*.png, report.md, logs/*.log
 """
@@ -35,6 +37,7 @@ CONFIG = "config.json"
 EVENTS = "events.jsonl"
 REPORT = "report.md"
 PLOTS = "plots"
+TIMELINE = "timeline.parquet"
 
 REQUEST_SCHEMA = pa.schema([
     ("run_id", pa.string()),
@@ -68,6 +71,9 @@ REQUEST_SCHEMA = pa.schema([
     ("decode_worker_id", pa.string()),
     ("moved_from", pa.string()),  # workers a request failed on and moved away from (comma list)
     ("chunk_times_ns", pa.list_(pa.int64())),
+    # open-loop levels (docs/open-loop.md): the offered rate and the intended send time
+    ("rate", pa.float64()),
+    ("intended_ns", pa.int64()),
 ])
 REQUEST_COLUMNS = REQUEST_SCHEMA.names
 

@@ -17,8 +17,10 @@ import click
 
 from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.load.arrival_settings import ArrivalSettings
 from lab.load.client import ClientOptions
 from lab.load.workload import WorkloadSpec
+from lab.shared.config_cli import options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY, FAULT_KINDS
 
@@ -185,13 +187,14 @@ def _positive(name: str, value: float | None) -> None:
               "the first level's start; repeatable or comma-separated).")
 @click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
 @click.option("--quiet", is_flag=True, default=False, help="No live progress lines.")
-def sweep(**kw: Any) -> None:
+@options(ArrivalSettings, param="arrival")
+def sweep(arrival: ArrivalSettings, **kw: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
     procs.parquet, plots/*.png, report.md, logs/. Prints the results table and the knee.
     """
-    concs = parse_conc(kw["conc"])
+    concs = [] if arrival.rate else parse_conc(kw["conc"])
     for name, key in (("--isl", "isl"), ("--osl", "osl"), ("--requests", "n_requests"),
                       ("--duration", "duration"), ("--repeat", "repeat"),
                       ("--client-procs", "client_procs"), ("--timeout", "timeout_s"),
@@ -238,6 +241,8 @@ def sweep(**kw: Any) -> None:
         client=ClientOptions(fresh_connection=kw["fresh_connection"], gap_ms=kw["gap_ms"],
                              timeout_s=kw["timeout_s"], procs=kw["client_procs"],
                              isolate=not kw["in_process_client"]),
+        rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
+        max_concurrency=arrival.max_concurrency,
     )
     slos = {k: kw[f"slo_{k}"] for k in ("ttft_ms", "latency_ms", "itl_ms")
             if kw[f"slo_{k}"] is not None}

@@ -99,6 +99,27 @@ def _requested(body: dict) -> tuple[int | None, int | None]:
     return isl, body.get("max_tokens")
 
 
+def build_record(raw: RawResponse, streaming: bool, *, index: int, prefix: str, warmup: bool,
+                 scheduled_ns: int, isl: int | None, osl: int | None, proc: int) -> dict:
+    """One request's record: the parsed response's stamps and counts, plus who sent it when."""
+    rec = parse_response(raw, streaming)
+    rec.update(
+        index=index,
+        request_id=f"{prefix}{index}",
+        warmup=warmup,
+        scheduled_ns=scheduled_ns,
+        isl_requested=isl,
+        osl_requested=osl,
+        client_proc=proc,
+    )
+    if rec["input_tokens"] is None:
+        rec["input_tokens"] = isl
+        rec["input_tokens_source"] = "request"
+    else:
+        rec["input_tokens_source"] = "usage"
+    return rec
+
+
 class _Payloads:
     """Request bytes and requested lengths by index; prebuilt for counted levels (outside the
     measured window), built on demand for timed levels."""
@@ -176,21 +197,9 @@ class _Driver:
 
     def finish(self, i: int, scheduled: int, isl: int | None, osl: int | None, streaming: bool,
                 raw: RawResponse) -> None:
-        rec = parse_response(raw, streaming)
-        rec.update(
-            index=i,
-            request_id=f"{self.options.request_id_prefix}{i}",
-            warmup=i < self.warmup,
-            scheduled_ns=scheduled,
-            isl_requested=isl,
-            osl_requested=osl,
-            client_proc=self.proc,
-        )
-        if rec["input_tokens"] is None:
-            rec["input_tokens"] = isl
-            rec["input_tokens_source"] = "request"
-        else:
-            rec["input_tokens_source"] = "usage"
+        rec = build_record(raw, streaming, index=i, prefix=self.options.request_id_prefix,
+                           warmup=i < self.warmup, scheduled_ns=scheduled, isl=isl, osl=osl,
+                           proc=self.proc)
         self.records.append(rec)
         self.done += 1
         if not rec["ok"]:
@@ -415,7 +424,8 @@ def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options
         conn.close()
 
 
-def _split(concurrency: int, procs: int) -> list[int]:
+def split_share(concurrency: int, procs: int) -> list[int]:
+    """`concurrency` spread as evenly as it goes over at most `procs` processes."""
     procs = max(1, min(procs, concurrency))
     return [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
 
@@ -432,7 +442,7 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
     next_index = ctx.Value("q", 0)
     done = ctx.Value("q", 0)
     errors = ctx.Value("q", 0)
-    shares = _split(concurrency, options.procs)
+    shares = split_share(concurrency, options.procs)
     children = []
     stop = threading.Event()  # tells the threads waiting on children's pipes to give up
     completed = False

@@ -1,4 +1,5 @@
-"""Drive a concurrency sweep against an OpenAI URL and write the run directory as it goes.
+"""Drive a concurrency (or request-rate) sweep against an OpenAI URL and write the run
+directory as it goes.
 
 This is the launcher-free half of `lab sweep` (the command wraps it in a Stack, or points it at
 --target). After every level: requests.parquet (rewritten atomically with all completed levels),
@@ -20,7 +21,10 @@ from lab.analysis.checks import failed_sentence
 from lab.analysis.client_health import client_health
 from lab.analysis.metrics import level_key, summarize_run
 from lab.analysis.request_times import requests_frame
+from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.client import ClientOptions, LevelResult, Progress, run_level
+from lab.load.open_loop import run_rate_level
+from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.workload import RequestSet, WorkloadSpec
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
@@ -36,6 +40,19 @@ def level_seed(concurrency: int, repeat: int) -> int:
     return concurrency * 1000 + repeat
 
 
+#: Seconds of arrivals per open-loop level when neither --requests nor --duration is given.
+DEFAULT_RATE_LEVEL_S = 10.0
+
+
+def default_rate_requests(rate: float) -> int:
+    """Requests per open-loop level by default: DEFAULT_RATE_LEVEL_S of arrivals, at least 100."""
+    return max(100, round(DEFAULT_RATE_LEVEL_S * rate))
+
+
+def rate_label(rate: float) -> str:
+    return f"rate={rate:g}/s"
+
+
 @dataclass
 class SweepPlan:
     concurrency: list[int]
@@ -45,6 +62,11 @@ class SweepPlan:
     warmup: int | None = None  # per level (None: one request per slot = the concurrency)
     repeat: int = 1
     client: ClientOptions = field(default_factory=ClientOptions)
+    # open loop (docs/open-loop.md): request rates instead of concurrency levels
+    rates: list[float] | None = None
+    arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
+    max_concurrency: int | None = None
+    rate_auto: bool = False  # --rate auto: search the saturation rate (lab.load.rate_search)
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -55,7 +77,12 @@ class SweepPlan:
     def levels(self) -> list[tuple[int, int]]:
         return [(c, r) for c in self.concurrency for r in range(self.repeat)]
 
+    def rate_levels(self) -> list[tuple[float, int]]:
+        return [(rate, r) for rate in self.rates or [] for r in range(self.repeat)]
+
     def to_dict(self) -> dict:
+        if self.rates or self.rate_auto:
+            return self._rate_dict()
         return {
             "concurrency": self.concurrency,
             "workload": self.workload.to_dict(),
@@ -65,6 +92,25 @@ class SweepPlan:
             "duration_s": self.duration_s,
             "warmup": self.warmup,
             "warmup_per_level": {str(c): self.warmup_for(c) for c in self.concurrency},
+            "repeat": self.repeat,
+            "client": asdict(self.client),
+            "client_procs": self.client.procs,
+        }
+
+
+    def _rate_dict(self) -> dict:
+        return {
+            "concurrency": [],
+            "rates": "auto" if self.rate_auto else self.rates,
+            "arrival": str(self.arrival),
+            "max_concurrency": self.max_concurrency,
+            "workload": self.workload.to_dict(),
+            "requests": self.requests,
+            "requests_per_level": {f"{r:g}": self.requests or default_rate_requests(r)
+                                   for r in self.rates or []}
+            if self.duration_s is None else None,
+            "duration_s": self.duration_s,
+            "warmup": self.warmup or 0,
             "repeat": self.repeat,
             "client": asdict(self.client),
             "client_procs": self.client.procs,
@@ -121,6 +167,7 @@ class SweepRunner:
         self.records: list[dict] = []
         self.run_id = self.run_dir.name
         self.started_ns: int | None = None
+        self.last_row: pd.Series | None = None  # the levels.csv row of the last level run
 
     async def run_one(self, concurrency: int, repeat: int) -> LevelResult:
         plan = self.plan
@@ -140,16 +187,42 @@ class SweepRunner:
             self.started_ns = time.perf_counter_ns()
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
                                  progress=self.progress.update)
-        self._save(concurrency, repeat, result)
+        self.last_row = self._save(concurrency, repeat, result)
         return result
 
-    def _save(self, concurrency: int, repeat: int, result: LevelResult) -> None:
+    async def run_rate(self, rate: float, repeat: int) -> LevelResult:
+        """One open-loop level: its seeded schedule (--requests arrivals, or those within
+        --duration), sent at the intended times (`lab.load.open_loop`)."""
+        plan = self.plan
+        warmup = plan.warmup or 0
+        seed = schedule_seed(plan.workload.seed, rate, repeat)
+        if plan.duration_s is None:
+            n = warmup + (plan.requests or default_rate_requests(rate))
+        else:
+            n = plan.arrival.count_within(rate, plan.duration_s, seed)
+        offsets = plan.arrival.schedule_ns(rate, n, seed)
+        bodies = RequestSet(plan.workload, self.model, level_seed(round(rate * 1000), repeat), n)
+        options = replace(plan.client, duration_s=None,
+                          request_id_prefix=f"r{rate:g}-r{repeat}-")
+        label = rate_label(rate) + (f" (repeat {repeat + 1}/{plan.repeat})"
+                                    if plan.repeat > 1 else "")
+        self.progress.start(label)
+        if self.started_ns is None:
+            self.started_ns = time.perf_counter_ns()
+        result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
+                                      max_concurrency=plan.max_concurrency, seed=seed,
+                                      options=options, progress=self.progress.update)
+        self.last_row = self._save(0, repeat, result, rate)
+        return result
+
+    def _save(self, concurrency: int, repeat: int, result: LevelResult,
+              rate: float | None = None) -> pd.Series:
         for r in result.records:
             r["run_id"] = self.run_id
             r["repeat"] = repeat
         self.records.extend(result.records)
         self.writer.append(result.records)
-        self.clients[level_key(concurrency, repeat)] = client_health(
+        self.clients[level_key(concurrency, repeat, rate)] = client_health(
             result.procs, requests_frame(result.records))
         rundir.write_json(self.run_dir / rundir.CLIENT_JSON, self.clients)
         requests = requests_frame(self.records)
@@ -157,26 +230,50 @@ class SweepRunner:
         levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
                                clients=self.clients)
         rundir.write_levels(self.run_dir, levels)
-        row = levels[(levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)].iloc[0]
+        mask = (levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)
+        if rate is not None:
+            mask &= levels["rate"] == rate
+        row = levels[mask].iloc[0]
         self.progress.done(level_line(row, self.progress.label))
         if self.on_level:
             self.on_level(concurrency, repeat, result)
+        return row
+
+    async def run_auto(self) -> None:
+        """--rate auto: the closed-loop level, then rates chosen by `rate_search.next_rate`."""
+        closed = await self.run_one(AUTO_CONCURRENCY, 0)
+        ok = [r for r in closed.records if r.get("ok") and not r.get("warmup")]
+        if not ok:
+            raise LevelFailed(f"c={AUTO_CONCURRENCY}", closed.records)
+        start = float(self.last_row["req_s"])
+        tried: list[tuple[float, bool]] = []
+        while (rate := next_rate(start, tried)) is not None:
+            await self.run_rate(rate, 0)
+            tried.append((rate, bool(self.last_row["sustained"] >= 1)))
 
     async def run(self) -> None:
+        if self.plan.rate_auto:
+            await self.run_auto()
+            return
+        for rate, repeat in self.plan.rate_levels():
+            result = await self.run_rate(rate, repeat)
+            failed = [r for r in result.records if not r.get("ok")]
+            if result.records and len(failed) == len(result.records):
+                raise LevelFailed(rate_label(rate), failed)
         for concurrency, repeat in self.plan.levels():
             result = await self.run_one(concurrency, repeat)
             failed = [r for r in result.records if not r.get("ok")]
             if result.records and len(failed) == len(result.records):
-                raise LevelFailed(concurrency, failed)
+                raise LevelFailed(f"c={concurrency}", failed)
 
 
 class LevelFailed(RuntimeError):
     """Every request of a level failed: the sweep stops (the next levels would fail the same
     way); the level is kept, with its errors, in the run directory."""
 
-    def __init__(self, concurrency: int, failed: list[dict]) -> None:
-        self.concurrency = concurrency
-        super().__init__(f"c={concurrency}: {failed_sentence(failed)}; the sweep stopped "
+    def __init__(self, level: str, failed: list[dict]) -> None:
+        self.level = level
+        super().__init__(f"{level}: {failed_sentence(failed)}; the sweep stopped "
                          "there (the next levels would fail the same way)")
 
 

@@ -16,7 +16,10 @@ from lab.analysis import rundir
 from lab.analysis.checks import TokenCheck, failed_levels, token_check
 from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
-from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
+from lab.analysis.metrics import SLOs, by_concurrency, level_label, summarize_run
+from lab.analysis.open_loop import is_open_loop, schedule_sentence, sustained_sentence
+from lab.analysis.timeline import recovery, run_timeline
+from lab.report import open_loop as open_loop_report
 from lab.report import plots
 from lab.report.markdown import build_report, delivery_sentence, fnum
 from lab.report.tokens import tokens_markdown
@@ -124,11 +127,22 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     events = rundir.read_events(run_dir)
     faults = analyse_faults(requests, events) if any(
         e.get("event") == "fault" for e in events) else None
+    timeline = run_timeline(requests)
+    if not timeline.empty:
+        timeline.to_parquet(run_dir / rundir.TIMELINE, index=False)
+    open_loop = is_open_loop(table)
+    if open_loop:
+        knee = find_knee([], [], [], threshold)
     pdir = run_dir / rundir.PLOTS
     made: list[tuple[str, Path]] = []
+    if make_plots and not timeline.empty:
+        made.append(("Per second: sent, completed, in flight, TTFT", open_loop_report.timeline_plot(
+            timeline, pdir / "timeline.png", faults.fault_marks() if faults else None,
+            int(timeline.attrs.get("origin_ns", 0)))))
     if make_plots and not table.empty:
-        made.append(("Throughput vs concurrency",
-                     plots.throughput_vs_concurrency(table, pdir / "throughput.png")))
+        if not open_loop:  # an open-loop run's levels are rates: see the open-loop section
+            made.append(("Throughput vs concurrency",
+                         plots.throughput_vs_concurrency(table, pdir / "throughput.png")))
         made.append(("Latency (avg, p99) vs throughput, knee marked",
                      plots.latency_vs_throughput(table, pdir / "latency_vs_throughput.png",
                                                  knee.knee)))
@@ -144,6 +158,11 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
                 requests, faults.fault_marks(), pdir / "fault_timeline.png",
                 markers=faults.worker_marks())))
     sweep = config.get("sweep") or {}
+    fault_md = faults.markdown() if faults is not None else None
+    if faults is not None and fault_md is not None and not timeline.empty:
+        fault_md += "\n" + open_loop_report.recovery_markdown(
+            [recovery(requests, timeline, o.t_ns, f"{o.kind} {o.process}")
+             for o in faults.outcomes if not o.resume])
     note = None
     if sweep.get("target"):
         note = ("Per-process server CPU is absent: this sweep ran against an external target "
@@ -160,10 +179,12 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         knee=knee,
         plots=[(cap, str(p.relative_to(run_dir))) for cap, p in made],
         server_cpu_note=note,
-        fault_md=faults.markdown() if faults is not None else None,
+        fault_md=fault_md,
         delivery=delivery_sentence(table, stream_interval_of(config)),
         failed_lines=failed_levels(requests),
         tokens_md=tokens_markdown(tokens) if tokens is not None else None,
+        open_loop_md=open_loop_report.open_loop_markdown(
+            table, sweep.get("arrival"), sweep.get("max_concurrency")) if open_loop else None,
     )
     (run_dir / rundir.REPORT).write_text(report)
     return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
@@ -172,12 +193,14 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
 
 def summary_lines(analysis: RunAnalysis) -> list[str]:
     """Short terminal summary after the table."""
-    out = [analysis.knee.sentence()]
     t = analysis.table
+    out = [] if is_open_loop(t) else [analysis.knee.sentence()]
     out.append(delivery_sentence(t, stream_interval_of(analysis.config)))
     if not t.empty:
         best = t.loc[t["req_s"].idxmax()] if t["req_s"].notna().any() else None
         if best is not None:
             out.append(f"peak throughput {fnum(best['req_s'])} req/s "
-                       f"({fnum(best['out_tok_s'], 0)} out tok/s) at c={int(best['concurrency'])}")
+                       f"({fnum(best['out_tok_s'], 0)} out tok/s) at {level_label(best)}")
+    if is_open_loop(t):
+        out += [schedule_sentence(t), sustained_sentence(t)]
     return out

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.analysis import rundir
-from lab.analysis.compare import RunData, align, compare_sentences, run_labels, table_rows
+from lab.analysis.compare import (
+    RunData,
+    align,
+    compare_sentences,
+    level_axis,
+    run_labels,
+    table_rows,
+)
 from lab.report import plots
 from lab.report.build import compute_levels, knee_of
 from lab.report.markdown import md_table
@@ -39,7 +46,8 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
     aligned = align(runs)
     sentences = compare_sentences(runs, aligned)
     header, rows = table_rows(runs, aligned)
-    knees = {r.label: knee_of(r.levels) for r in runs}
+    open_loop = level_axis(runs) == "rate"  # rates have no knee and no concurrency axis
+    knees = {} if open_loop else {r.label: knee_of(r.levels) for r in runs}
     lines = ["Runs: " + "; ".join(f"{r.label} = {r.path}" for r in runs)
              + f". Deltas are against {runs[0].label}.", "", md_table(header, rows), ""]
     lines += [s + "." for s in sentences]
@@ -47,11 +55,12 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
     out_dir.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
     if make_plots and not aligned.empty:
-        made.append(plots.compare_throughput([(r.label, r.levels) for r in runs],
-                                             out_dir / "throughput.png"))
+        if not open_loop:
+            made.append(plots.compare_throughput([(r.label, r.levels) for r in runs],
+                                                 out_dir / "throughput.png"))
         made.append(plots.compare_latency([(r.label, r.levels) for r in runs],
                                           out_dir / "latency_vs_throughput.png",
-                                          {k: v.knee for k, v in knees.items()}))
+                                          {k: v.knee for k, v in knees.items()} or None))
         made.append(plots.compare_ttft_cdf([(r.label, r.requests) for r in runs
                                             if r.requests is not None], out_dir / "ttft_cdf.png"))
     text = "\n".join(lines)

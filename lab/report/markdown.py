@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from lab.analysis.knee import Knee
+from lab.analysis.metrics import level_label
 
 CLIENT_CPU_BUSY_PCT = 90.0  # a client process using this much of a core is saturated
 CLIENT_LAG_P99_MS = 1.0  # event-loop lag p99 above this: the client delays its own stamps
@@ -37,8 +38,9 @@ def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The results table (docs/metrics.md): Conc, req/s, out tok/s, latency avg/p99,
     TTFT avg/p50/p99, tokens per chunk, server CPU per request and per output token, client and
     total (server + client) CPU per output token, errors (with kinds). `levels` =
-    by_concurrency() rows."""
-    header = ["Conc", "req/s", "out tok/s", "Latency avg ms", "p99", "TTFT avg ms", "p50", "p99",
+    by_concurrency() rows; an open-loop run's rows are keyed by rate."""
+    header = ["Rate" if "rate" in levels else "Conc", "req/s", "out tok/s", "Latency avg ms",
+              "p99", "TTFT avg ms", "p50", "p99",
               "ITL ms", "tok/chunk", "CPU ms/req", "CPU us/tok", "client CPU us/tok",
               "total CPU us/tok", "Errors"]
     rows = []
@@ -47,7 +49,7 @@ def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         if r.get("repeats", 1) and r.get("repeats", 1) > 1 and _isnum(r.get("req_s_min")):
             req += f" ({fnum(r['req_s_min'])}-{fnum(r['req_s_max'])})"
         rows.append([
-            str(int(r["concurrency"])), req, fnum(r.get("out_tok_s"), 0),
+            _level_cell(r), req, fnum(r.get("out_tok_s"), 0),
             fnum(r.get("latency_ms_avg")), fnum(r.get("latency_ms_p99")),
             fnum(r.get("ttft_ms_avg"), 2), fnum(r.get("ttft_ms_p50"), 2),
             fnum(r.get("ttft_ms_p99"), 2), fnum(r.get("itl_ms_avg"), 3),
@@ -57,6 +59,11 @@ def results_rows(levels: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             str(r.get("errors", "0")),
         ])
     return header, rows
+
+
+def _level_cell(r: pd.Series) -> str:
+    rate = r.get("rate")
+    return f"{rate:g}/s" if _isnum(rate) else str(int(r["concurrency"]))
 
 
 def results_table(levels: pd.DataFrame) -> str:
@@ -73,7 +80,7 @@ def client_sentence(levels: pd.DataFrame) -> str:
     for _, r in levels.iterrows():
         cpu = r.get("client_cpu_pct_max_proc")
         lag = r.get("loop_lag_p99_ms")
-        figures = (f"c={int(r['concurrency'])}: a core at {fnum(cpu, 0)}% / "
+        figures = (f"{level_label(r)}: a core at {fnum(cpu, 0)}% / "
                    f"loop lag p99 {fnum(lag, 1)} ms")
         if _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT:
             busy.append(figures)
@@ -129,7 +136,7 @@ def delivery_sentence(levels: pd.DataFrame, stream_interval: int | None) -> str:
 def client_table(levels: pd.DataFrame) -> str:
     header = ["Conc", "client CPU %", "busiest proc %", "CPU ms/req", "send delay p99 ms",
               "loop lag p99 ms"]
-    rows = [[str(int(r["concurrency"])), fnum(r.get("client_cpu_pct"), 0),
+    rows = [[_level_cell(r), fnum(r.get("client_cpu_pct"), 0),
              fnum(r.get("client_cpu_pct_max_proc"), 0), fnum(r.get("client_cpu_ms_per_req"), 2),
              fnum(r.get("send_delay_ms_p99"), 2), fnum(r.get("loop_lag_p99_ms"), 2)]
             for _, r in levels.iterrows()]
@@ -162,17 +169,21 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
                  plots: list[tuple[str, str]], server_cpu_note: str | None = None,
                  fault_md: str | None = None, compare_md: str | None = None,
                  delivery: str | None = None, failed_lines: list[str] | None = None,
-                 tokens_md: str | None = None) -> str:
+                 tokens_md: str | None = None, open_loop_md: str | None = None) -> str:
     """The whole report.md. plots: [(caption, relative path)]; delivery: the tokens-per-event
     sentence; failed_lines: one sentence per level where every request failed; tokens_md:
-    requested vs server-reported tokens."""
+    requested vs server-reported tokens; open_loop_md: the open-loop section of a --rate sweep
+    (which has no knee: its levels are rates, not concurrency)."""
     parts = [f"# {title}", ""]
     parts += [f"- {s}" for s in setup]
     parts += ["", "## Results", "", results_table(levels), ""]
     parts += [f"**{line}**" for line in failed_lines or []]
     if failed_lines:
         parts += [""]
-    parts += [f"**{knee.sentence()}**", ""]
+    if open_loop_md:
+        parts += ["## Open loop", "", open_loop_md, ""]
+    else:
+        parts += [f"**{knee.sentence()}**", ""]
     if knee.steps:
         effs = ", ".join(
             f"e({s.to_conc}) = {'inf' if math.isinf(s.efficiency) else f'{s.efficiency:.2f}'}"

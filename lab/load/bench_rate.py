@@ -1,0 +1,103 @@
+"""Benchmark the open-loop client itself: the highest Poisson rate it keeps against the fake
+one-chunk-per-token server (`lab.load.fake_sse`, its own process), per client process.
+
+    python -m lab.load.bench_rate                            # rates 250,500,1000,1500, OSL 128
+    python -m lab.load.bench_rate --rate 400,800 --repeat 5 --client-procs 2
+
+A rate is kept when the client sent at least 98% of the schedule's rate with dispatch lag p99 at
+most 1 ms (`lab.analysis.open_loop`, the same limits the report flags). Rounds alternate over the
+rates (r1, r2, ..., r1, r2, ...); figures are medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import click
+import uvloop
+
+from lab.analysis.client_health import client_health
+from lab.analysis.open_loop import MAX_LAG_P99_MS, MIN_SENT_FRACTION, open_loop_figures
+from lab.analysis.request_times import requests_frame
+from lab.load.arrival_settings import parse_rates
+from lab.load.arrivals import ArrivalProcess, schedule_seed
+from lab.load.bench import FakeServer
+from lab.load.client import ClientOptions
+from lab.load.open_loop import run_rate_level
+from lab.load.workload import WorkloadSpec, build_requests
+
+#: Seconds of arrivals per level at least (more when --requests asks for more).
+MIN_LEVEL_S = 3.0
+
+
+def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[float, ...]:
+    try:
+        return parse_rates(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+async def _one(url: str, model: str, rate: float, n: int, osl: int, procs: int,
+               round_: int) -> dict:
+    bodies = build_requests(WorkloadSpec(isl=136, osl=osl), model, n, level_seed=round_)
+    seed = schedule_seed(round_, rate, 0)
+    offsets = ArrivalProcess().schedule_ns(rate, n, seed)
+    res = await run_rate_level(url, bodies, offsets, rate=rate, seed=seed,
+                               options=ClientOptions(isolate=True, procs=procs))
+    df = requests_frame(res.records)
+    fig = open_loop_figures(df)
+    cl = client_health(res.procs, df)
+    return {"sent": fig["sent_req_s"], "fraction": fig["sent_fraction"],
+            "lag_p50": fig["dispatch_lag_ms_p50"], "lag_p99": fig["dispatch_lag_ms_p99"],
+            "lag_max": fig["dispatch_lag_ms_max"], "cpu_ms": cl["cpu_ms_per_request"],
+            "busiest": cl["cpu_pct_max_proc"], "loop_lag_p99": cl["loop_lag_p99_ms"],
+            "errors": int((~df["ok"]).sum())}
+
+
+@click.command()
+@click.option("--rate", "rates", default="250,500,1000,1500", show_default=True,
+              callback=_rates, help="Poisson rates (requests/s), comma-separated.")
+@click.option("--requests", type=click.IntRange(min=10), default=1000, show_default=True,
+              help=f"Requests per level (at least {MIN_LEVEL_S:g} s of arrivals).")
+@click.option("--osl", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Output tokens per request (= SSE chunks from the fake server).")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Rounds over the rates; the figures are medians.")
+@click.option("--client-procs", "procs", type=click.IntRange(min=1), default=1,
+              show_default=True, help="Client processes the schedule is split over.")
+@click.option("--model", default="fake", show_default=True, help="Model name sent.")
+def main(rates: tuple[float, ...], requests: int, osl: int, repeat: int, procs: int,
+         model: str) -> None:
+    """Print, per Poisson rate, what the open-loop client sent and how late, and its ceiling."""
+    server = FakeServer()
+    runs: dict[float, list[dict]] = {r: [] for r in rates}
+    try:
+        click.echo(f"open-loop client benchmark against {server.url} (fake one-chunk-per-token "
+                   f"server), OSL {osl}, {procs} client process(es), {repeat} round(s), medians")
+        for round_ in range(repeat):
+            for rate in rates:
+                n = max(requests, round(rate * MIN_LEVEL_S))
+                runs[rate].append(uvloop.run(_one(server.url, model, rate, n, osl, procs,
+                                                  round_)))
+    finally:
+        server.stop()
+    kept = []
+    for rate in rates:
+        med = {k: statistics.median(r[k] for r in runs[rate]) for k in runs[rate][0]}
+        ok = med["fraction"] >= MIN_SENT_FRACTION and med["lag_p99"] <= MAX_LAG_P99_MS
+        if ok:
+            kept.append(rate)
+        click.echo(f"rate={rate:<7g} sent {med['sent']:8.1f} req/s ({100 * med['fraction']:5.1f}%)"
+                   f"  lag p50 {med['lag_p50']:.3f} p99 {med['lag_p99']:.3f} max "
+                   f"{med['lag_max']:.2f} ms  client CPU {med['cpu_ms']:.3f} ms/req  busiest "
+                   f"proc {med['busiest']:.0f}%  loop lag p99 {med['loop_lag_p99']:.2f} ms  "
+                   f"errors {sum(r['errors'] for r in runs[rate])}"
+                   f"  {'kept' if ok else 'NOT kept'}")
+    ceiling = f"{max(kept):g} req/s" if kept else "below the lowest rate tried"
+    click.echo(f"ceiling ({procs} process(es)): {ceiling} (kept = sent >= "
+               f"{100 * MIN_SENT_FRACTION:.0f}% of the schedule and lag p99 <= "
+               f"{MAX_LAG_P99_MS:g} ms)")
+
+
+if __name__ == "__main__":
+    main()

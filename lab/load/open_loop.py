@@ -1,0 +1,385 @@
+"""The open-loop load client: requests sent at their intended times, whatever the server does.
+
+A closed loop sends the next request when a response ends, so a slow server is sent less and
+its queueing never shows (coordinated omission). Here every request has an intended send time
+from the level's arrival schedule (`lab.load.arrivals`) and is sent then, on an idle kept-alive
+connection or a new one; nothing waits for a response before sending.
+
+Each record carries three stamps before the response's own:
+
+- `intended_ns`: when the schedule meant it to be sent;
+- `scheduled_ns`: when the client released it: the intended time, or, when `max_concurrency`
+  requests were already in flight, the moment one of them ended (the request was held at the
+  client, in order; never dropped);
+- `sent_ns`: when it was handed to the socket (before connecting, when a connection is opened).
+
+`sent - scheduled` is the client's dispatch lag (the send delay of docs/metrics.md);
+`scheduled - intended` is the time held by the concurrency cap. The analysis derives latency
+and TTFT both from `sent_ns` and from `intended_ns` (`lab.analysis.request_times`).
+
+Timing: a timer wakes the scheduler `SPIN_NS` before a send is due; the rest is waited by
+yielding to the event loop (which keeps reading responses meanwhile), because a loop timer
+alone fires up to a millisecond late. Finished responses are parsed in the idle time between
+sends, never while a send is due.
+
+`procs > 1` splits the schedule over K processes (`arrivals.split_streams`), each sending its
+share at the same intended times, on the same clock (`perf_counter_ns` is system-wide).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import multiprocessing as mp
+import os
+import resource
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from lab.load.arrivals import split_streams
+from lab.load.client import (
+    _HEADERS,
+    CLIENT_JOIN_TIMEOUT_S,
+    LOOP_LAG_INTERVAL_S,
+    PROGRESS_INTERVAL_S,
+    ClientOptions,
+    LevelResult,
+    Progress,
+    _Payloads,
+    _recv,
+    build_record,
+    endpoint_url,
+    split_share,
+)
+from lab.load.http1 import Http1Connection, Origin, connect, post_request
+from lab.load.sse import RawResponse
+
+#: The scheduler's timer aims this long before a send is due, then yields to the loop.
+SPIN_NS = 200_000
+#: Finished responses are parsed only while the next send is at least this far away.
+PARSE_SLACK_NS = 2_000_000
+#: Sends in a row without yielding to the event loop, when the schedule is behind.
+MAX_SENDS_WITHOUT_YIELD = 16
+#: Start of a multi-process level: all processes begin this long after the last is ready.
+START_DELAY_NS = 100_000_000
+
+# (index, intended_ns, scheduled_ns, isl, osl, streaming)
+_Ctx = tuple[int, int, int, int | None, int | None, bool]
+
+
+class _OpenDriver:
+    """One process's share of an open-loop level: its requests at their intended times."""
+
+    def __init__(self, url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarray,
+                 warmup: int, options: ClientOptions, max_concurrency: int | None,
+                 proc: int = 0, done: Any = None, errors: Any = None) -> None:
+        self.url = url
+        self.payloads = payloads
+        self.indices = [int(i) for i in indices]
+        self.offsets = [int(o) for o in offsets]
+        self.warmup = warmup
+        self.options = options
+        self.cap = max_concurrency
+        self.proc = proc
+        self.shared_done = done
+        self.shared_errors = errors
+        self.records: list[dict] = []
+        self.lags_ns: list[int] = []
+        self.finished: list[tuple[_Ctx, RawResponse]] = []
+        self.idle: list[Http1Connection] = []
+        self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
+        self.held: deque[tuple[int, int]] = deque()
+        self.inflight = 0
+        self.scheduled_all = False
+        self.all_done: asyncio.Event | None = None
+        self.tg: asyncio.TaskGroup | None = None
+        self.origin: Origin | None = None
+        self.head = b""
+        self.rid_prefix = options.request_id_prefix.encode()
+        self.done = 0
+        self.errors = 0
+
+    # ----- sending -----
+
+    def _dispatch(self, i: int, intended: int, scheduled: int) -> None:
+        data, isl, osl, streaming = self.payloads.get(i)
+        ctx: _Ctx = (i, intended, scheduled, isl, osl, streaming)
+        self.inflight += 1
+        raw = RawResponse(sent_ns=time.perf_counter_ns())
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                self._write(conn, ctx, raw, data)
+                return
+        assert self.tg is not None
+        self.tg.create_task(self._connect_and_write(ctx, raw, data))
+
+    def _write(self, conn: Http1Connection, ctx: _Ctx, raw: RawResponse, data: bytes) -> None:
+        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, ctx[0])
+        remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
+        conn.request(post_request(self.head, rid, data), raw, ctx[5],
+                     functools.partial(self._on_response, ctx), max(remaining, 1e-3))
+
+    async def _connect_and_write(self, ctx: _Ctx, raw: RawResponse, data: bytes) -> None:
+        assert self.origin is not None
+        origin = self.origin
+        try:
+            conn = await connect(origin, nodelay=self.options.http_nodelay,
+                                 timeout_s=self.options.timeout_s)
+        except TimeoutError as exc:
+            raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
+        except OSError as exc:
+            raw.error_kind = "connect"
+            raw.error_message = (f"cannot connect to {origin.host}:{origin.port}: "
+                                 f"{type(exc).__name__}: {exc}")
+        else:
+            self.conns.add(conn)
+            try:
+                self._write(conn, ctx, raw, data)
+            except Exception as exc:  # never lose a request: anything unexpected is a row
+                conn.close()
+                raw.error_kind, raw.error_message = "client_error", f"{type(exc).__name__}: {exc}"
+            else:
+                return
+        raw.done_ns = time.perf_counter_ns()
+        self._complete(ctx, raw)
+
+    def _on_response(self, ctx: _Ctx, conn: Http1Connection, raw: RawResponse,
+                     reusable: bool) -> None:
+        if reusable and not self.options.fresh_connection:
+            self.idle.append(conn)
+        else:
+            conn.close()
+            self.conns.discard(conn)
+        self._complete(ctx, raw)
+
+    def _complete(self, ctx: _Ctx, raw: RawResponse) -> None:
+        self.finished.append((ctx, raw))
+        self.inflight -= 1
+        if self.held and (self.cap is None or self.inflight < self.cap):
+            i, intended = self.held.popleft()
+            self._dispatch(i, intended, time.perf_counter_ns())
+        if (self.scheduled_all and self.inflight == 0 and not self.held
+                and self.all_done is not None):
+            self.all_done.set()
+
+    # ----- parsing and bookkeeping -----
+
+    def _parse(self, until_ns: int | None = None) -> None:
+        perf = time.perf_counter_ns
+        while self.finished and (until_ns is None or perf() < until_ns):
+            (i, intended, scheduled, isl, osl, streaming), raw = self.finished.pop(0)
+            rec = build_record(raw, streaming, index=i, prefix=self.options.request_id_prefix,
+                               warmup=i < self.warmup, scheduled_ns=scheduled, isl=isl, osl=osl,
+                               proc=self.proc)
+            rec["intended_ns"] = intended
+            self.records.append(rec)
+            self.done += 1
+            if not rec["ok"]:
+                self.errors += 1
+            if self.shared_done is not None:
+                with self.shared_done.get_lock():
+                    self.shared_done.value += 1
+                if not rec["ok"]:
+                    with self.shared_errors.get_lock():
+                        self.shared_errors.value += 1
+
+    async def _lag_ticker(self) -> None:
+        interval_ns = int(LOOP_LAG_INTERVAL_S * 1e9)
+        perf = time.perf_counter_ns
+        while True:
+            t0 = perf()
+            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
+            self.lags_ns.append(max(0, perf() - t0 - interval_ns))
+
+    async def _progress_ticker(self, progress: Callable[[Progress], None], t0: int) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
+            progress(Progress(self.done, len(self.indices), self.errors,
+                              (time.perf_counter_ns() - t0) / 1e9))
+
+    async def _schedule(self, start_ns: int) -> None:
+        perf = time.perf_counter_ns
+        since_yield = 0
+        for i, offset in zip(self.indices, self.offsets, strict=True):
+            target = start_ns + offset
+            wait = target - SPIN_NS - perf()
+            if wait > PARSE_SLACK_NS and self.finished:
+                self._parse(until_ns=target - PARSE_SLACK_NS)
+                wait = target - SPIN_NS - perf()
+            if wait > 0:
+                await asyncio.sleep(wait / 1e9)
+                since_yield = 0
+            while perf() < target:
+                await asyncio.sleep(0)
+                since_yield = 0
+            if since_yield >= MAX_SENDS_WITHOUT_YIELD:
+                await asyncio.sleep(0)
+                since_yield = 0
+            if self.cap is not None and self.inflight >= self.cap:
+                self.held.append((i, target))
+            else:
+                self._dispatch(i, target, target)
+            since_yield += 1
+        self.scheduled_all = True
+
+    async def run(self, start_ns: int | None = None,
+                  progress: Callable[[Progress], None] | None = None) -> dict:
+        first = self.indices[0] if self.indices else 0
+        endpoint = endpoint_url(self.url, {} if not self.payloads.n else
+                                self.payloads.bodies[first])
+        self.origin = Origin.from_url(endpoint)
+        headers = dict(_HEADERS)
+        if self.options.fresh_connection:
+            headers["Connection"] = "close"
+        self.head = self.origin.post_head(headers)
+        self.all_done = asyncio.Event()
+        t0 = time.perf_counter_ns()
+        start = start_ns if start_ns is not None else t0
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self.tg = tg
+                ticker = tg.create_task(self._lag_ticker())
+                prog = tg.create_task(self._progress_ticker(progress, start)) if progress else None
+                await self._schedule(start)
+                if self.inflight or self.held:
+                    await self.all_done.wait()
+                ticker.cancel()
+                if prog is not None:
+                    prog.cancel()
+        finally:  # an interrupted level leaves no connection open
+            for conn in self.conns:
+                conn.close()
+            self.conns.clear()
+            self.idle.clear()
+        t1 = time.perf_counter_ns()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        self._parse()
+        if progress:
+            progress(Progress(self.done, len(self.indices), self.errors, (t1 - start) / 1e9))
+        cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        return {"proc": self.proc, "started_ns": min(t0, start), "ended_ns": t1, "cpu_s": cpu_s,
+                "requests": len(self.records), "loop_lags_ns": self.lags_ns}
+
+
+# ----- several client processes -----
+
+def _child(url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarray, warmup: int,
+           options: ClientOptions, cap: int | None, proc: int, done: Any, errors: Any,
+           conn: Any, parent: int) -> None:
+    import uvloop
+
+    from lab.shared.pdeath import die_with_parent
+
+    die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
+    driver = _OpenDriver(url, payloads, indices, offsets, warmup, options, cap, proc, done, errors)
+    conn.send("ready")
+    start_ns = conn.recv()
+    try:
+        info = uvloop.run(driver.run(start_ns=start_ns))
+        conn.send(("ok", driver.records, info))
+    except BaseException as exc:  # report, never hang the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}", None))
+    finally:
+        conn.close()
+
+
+async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup: int,
+                     options: ClientOptions, cap: int | None, streams: np.ndarray, procs: int,
+                     progress: Callable[[Progress], None] | None
+                     ) -> tuple[list[dict], list[dict]]:
+    ctx = mp.get_context("spawn")
+    done = ctx.Value("q", 0)
+    errors = ctx.Value("q", 0)
+    caps = split_share(cap, procs) if cap is not None else [None] * procs
+    children = []
+    stop = threading.Event()
+    completed = False
+    try:
+        for k in range(procs):
+            mine = np.flatnonzero(streams == k)
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(target=_child, name=f"lab-client-{k}", daemon=True,
+                            args=(url, payloads, mine, offsets[mine], warmup, options,
+                                  caps[k], k, done, errors, child_end, os.getpid()))
+            p.start()
+            child_end.close()
+            children.append((p, parent_end))
+        for p, end in children:
+            msg = await asyncio.to_thread(_recv, end, p, stop)
+            if msg != "ready":
+                raise RuntimeError(f"client process {p.name} failed to start: {msg}")
+        start_ns = time.perf_counter_ns() + START_DELAY_NS
+        for _, end in children:
+            end.send(start_ns)
+        async with asyncio.TaskGroup() as tg:
+            waits = [tg.create_task(asyncio.to_thread(_recv, end, p, stop))
+                     for p, end in children]
+            while not all(w.done() for w in waits):
+                await asyncio.wait(waits, timeout=PROGRESS_INTERVAL_S)
+                if progress:
+                    progress(Progress(done.value, len(offsets), errors.value,
+                                      max(0.0, (time.perf_counter_ns() - start_ns) / 1e9)))
+        records: list[dict] = []
+        infos: list[dict] = []
+        for w, (p, _) in zip(waits, children, strict=True):
+            status, recs, info = w.result()
+            if status != "ok":
+                raise RuntimeError(f"client process {p.name} failed: {recs}")
+            records.extend(recs)
+            infos.append(info)
+        completed = True
+        return records, infos
+    finally:
+        stop.set()
+        for p, end in children:
+            if not completed and p.is_alive():
+                p.terminate()
+            p.join(timeout=CLIENT_JOIN_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=CLIENT_JOIN_TIMEOUT_S)
+            end.close()
+
+
+async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarray, *,
+                         rate: float, warmup: int = 0, max_concurrency: int | None = None,
+                         seed: Sequence[int] = (0,), options: ClientOptions | None = None,
+                         progress: Callable[[Progress], None] | None = None) -> LevelResult:
+    """Run one open-loop level: request i of `bodies` is due `offsets_ns[i]` after the level's
+    start (`arrivals.ArrivalProcess.schedule_ns`). The first `warmup` are flagged warm-up.
+
+    With `max_concurrency`, a request due while that many are in flight is held at the client
+    until one ends (its `scheduled_ns` says when). `options.procs` processes split the schedule
+    (`split_streams`, seeded by `seed`). Records come back sorted by index, each with `rate`
+    and `concurrency` 0 (no closed loop); `procs` holds each client process's own figures.
+    """
+    options = options or ClientOptions()
+    offsets = np.asarray(offsets_ns, dtype=np.int64)
+    if len(offsets) != len(bodies):
+        raise ValueError(f"{len(offsets)} intended send times for {len(bodies)} requests")
+    if max_concurrency is not None and max_concurrency < options.procs:
+        raise ValueError(f"max_concurrency {max_concurrency} is below the {options.procs} client "
+                         "processes it is split over")
+    payloads = _Payloads(bodies, prebuild=True)
+    procs = max(1, options.procs)
+    if options.isolate or procs > 1:
+        streams = split_streams(len(offsets), procs, seed)
+        records, infos = await _run_procs(url, payloads, offsets, warmup, options,
+                                          max_concurrency, streams, procs, progress)
+    else:
+        driver = _OpenDriver(url, payloads, np.arange(len(offsets)), offsets, warmup, options,
+                             max_concurrency)
+        info = await driver.run(progress=progress)
+        records, infos = driver.records, [info]
+    records.sort(key=lambda r: r["index"])
+    for r in records:
+        r["concurrency"] = 0
+        r["rate"] = float(rate)
+    return LevelResult(concurrency=0, records=records, procs=infos)
