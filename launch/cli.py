@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
 from launch.clean import _kill_group_of, leftovers_of
 from launch.cli_options import spec_from_options, topology_options
 from launch.errors import LaunchError, RunError
@@ -253,7 +254,7 @@ def ps(run: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("run")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+@click.option("--timeout", type=FiniteFloatRange(min=0, max=MAX_SECONDS), default=None,
               help="Seconds to wait for the supervisor's teardown.  [default: 2 x grace + 15]")
 def down(run: str, timeout: float | None) -> None:
     """Stop a run started with `lab up` (SIGTERM its supervisor; it tears the fleet down)."""
@@ -284,7 +285,8 @@ def down(run: str, timeout: float | None) -> None:
 @click.option("--process", "name", required=True, help="Process name, e.g. engine-decode-0.")
 @click.option("--kind", type=click.Choice(list(FAULT_KINDS)), required=True,
               help="; ".join(f"{k}: {v}" for k, v in FAULT_KINDS.items()))
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS), default=15.0,
+              show_default=True,
               help="Seconds to wait for the supervisor's answer.")
 def fault(run: str, name: str, kind: str, timeout: float) -> None:
     """Inject a fault into a process of a running `lab up` (the supervisor performs it and

@@ -94,9 +94,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         default=None,
         help="Write request frames as header + body (split) or in one write (coalesced).  "
         f"[default: {'split' if _SOCKETS.split_writes else 'coalesced'}]")),
-    (("--pool-size",), dict(
-        type=click.IntRange(1, 1024),
-        help=f"Request-plane connections per worker.  [default: {_SOCKETS.pool_size}]")),
+    field_option(FrontendSettings, "pool_size", default=None),
     (("--http-nodelay",), dict(
         type=ON_OFF,
         help="TCP_NODELAY on the frontend's accepted HTTP connections.  "

@@ -24,7 +24,7 @@ from lab.load.workload import (
     TARGET_PROMPT_KIND,
     WorkloadSpec,
 )
-from lab.shared.config_cli import MAX_SECONDS, Settings, setting
+from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, setting
 from launch.faults import FAULT_KINDS
 
 _WORKLOAD = WorkloadSpec()
@@ -35,7 +35,6 @@ MAX_REQUESTS = 10_000_000
 #: The longest prompt or output a request may ask for, in tokens.
 MAX_SEQUENCE_TOKENS = 1 << 20
 MAX_REPEAT = 1000
-MAX_SEED = 2**64 - 1
 _FAULT_RE = re.compile(r"^(?P<proc>[A-Za-z0-9_.-]+):(?P<kind>[a-z-]+)@(?P<num>\d+(?:\.\d+)?)"
                        r"(?P<unit>ms|s)?$")
 

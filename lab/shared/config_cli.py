@@ -40,6 +40,8 @@ S = TypeVar("S", bound="Settings")
 #: mistyped huge value is refused by name instead of meaning "forever" in one place and an
 #: overflow in another.
 MAX_SECONDS = 1e6
+#: The largest seed: the engine hashes it as 8 little-endian bytes.
+MAX_SEED = 2**64 - 1
 
 
 class Settings(BaseModel):
