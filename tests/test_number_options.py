@@ -7,9 +7,12 @@ one-line error naming the option, or it is listed in ACCEPTED with why it is leg
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import click
 import pytest
@@ -17,6 +20,7 @@ from click.testing import CliRunner
 
 from lab.cli import SUBCOMMANDS
 from lab.cli import main as lab_main
+from launch.cli_options import spec_from_options
 from mocker.cli import main as mocker_main
 from tests.usage_errors import assert_one_line_error
 
@@ -119,8 +123,8 @@ def test_accepted_values_are_still_number_options() -> None:
 @pytest.mark.parametrize(("argv", "named"), [
     (["lab", "sweep", "--conc", "1", "--ready-timeout", "nan"], "--ready-timeout"),
     (["lab", "sweep", "--grace", "nan"], "--grace"),
-    (["lab", "up", "--detach", "--grace", "nan"], "--grace"),
-    (["lab", "up", "--detach", "--ready-timeout", "nan"], "--ready-timeout"),
+    (["lab", "up", "--grace", "nan"], "--grace"),  # reported with --detach: the same parse
+    (["lab", "up", "--ready-timeout", "nan"], "--ready-timeout"),
     (["lab", "up", "--ready-timeout", "inf"], "--ready-timeout"),
     (["lab", "up", "--speedup", "inf"], "--speedup"),
     (["lab", "up", "--decode-speedup", "inf"], "--decode-speedup"),
@@ -128,8 +132,30 @@ def test_accepted_values_are_still_number_options() -> None:
     (["lab", "up", "--discovery", "bogus:x"], "--discovery"),
     (["mocker", "serve", "--stall-timeout", "nan"], "--stall-timeout"),
 ], ids=" ".join)
-def test_the_reported_command_lines_fail_in_one_line(argv: list[str], named: str) -> None:
+def test_the_reported_command_lines_fail_in_one_line(argv: list[str], named: str,
+                                                      tmp_path: Path) -> None:
     module = "lab.cli" if argv[0] == "lab" else "mocker.cli"
-    proc = subprocess.run([sys.executable, "-m", module, *argv[1:]], capture_output=True,
-                          text=True, timeout=120)
-    assert_one_line_error(proc.returncode, proc.stdout + proc.stderr, named)
+    # its own session: a command line that is wrongly accepted starts a stack, which is then
+    # stopped as a whole (SIGTERM to the group: the launcher tears down what it started)
+    out = ["--out", str(tmp_path / "run")] if argv[0] == "lab" else []
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv[1:], *out], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+        pytest.fail(f"{' '.join(argv)} was accepted (still running after 60 s):\n{output}")
+    assert_one_line_error(proc.returncode, output, named)
+
+
+@pytest.mark.parametrize("line", ["grace_s = nan", "ready_timeout_s = inf", "grace_s = 1e300",
+                                  "speedup = nan"])
+def test_a_topology_file_refuses_the_same_values(tmp_path: Path, line: str) -> None:
+    """TOML spells nan and inf too: the file is checked like the flags."""
+    path = tmp_path / "t.toml"
+    path.write_text(f"{line}\n[[fleet]]\nrole = \"aggregated\"\n")
+    with pytest.raises(click.BadParameter) as err:  # (not `lab up`: accepted, it would launch)
+        spec_from_options(topology=path)
+    message = err.value.format_message()
+    assert "--topology" in message and f"t.toml:1: {line.split()[0]}" in message, message
