@@ -130,6 +130,10 @@ class FrontendSettings(Settings):
     shutdown_grace: float = setting(
         DEFAULT_SHUTDOWN_GRACE_S, "Seconds in-flight requests may take to finish after SIGTERM.",
         ge=0, le=MAX_SECONDS)
+    debug_endpoints: bool = setting(
+        False, "Serve GET /debug/conn (the asking connection's TCP_NODELAY and peer, for the "
+        "socket tests and Nagle experiments). Off: it is 404, like any unknown path, so that "
+        "whoever reaches the port learns nothing of its sockets.", default_text="off")
     log_level: str = setting(
         DEFAULT_LOG_LEVEL, "Log level (info logs one line per finished request).",
         choices=LOG_LEVELS, case_sensitive=False)
