@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -100,3 +103,37 @@ def test_target_sweep_writes_the_run_directory(fake_url: str, tmp_path: Path) ->
     assert "server CPU is absent" in report and "external target" in report
     levels = pd.read_csv(out / "levels.csv")
     assert levels["requests"].tolist() == [12, 12] and levels["failed"].tolist() == [0, 0]
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A TCP server that accepts connections and never answers (nor closes them)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    listener.close()
+
+
+def test_a_target_that_never_answers_names_the_wait_and_its_option(silent_url: str,
+                                                                   tmp_path: Path) -> None:
+    code, out = run("--target", silent_url, "--model", "m", "--timeout", "1",
+                    "--out", str(tmp_path / "r"))
+    assert code == 2, out
+    (error,) = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert "'--timeout'" in error and "no answer" in error and "1 s" in error, out
+    assert "TimeoutError: " not in error, out
