@@ -22,6 +22,10 @@ from lab.wire.address import split_address
 
 #: The smallest positive duration the timing options accept.
 MIN_SECONDS = 0.001
+#: How the sidecar's log line about its start-up wait for the engine begins, e.g. "waiting for
+#: engine 127.0.0.1:5000: connection refused since 12:01:03, attempt 7" (`lab ps` shows the
+#: latest one of a sidecar that is not ready yet).
+STARTUP_WAIT_PREFIX = "waiting for engine"
 
 
 def engine_address(value: str) -> str:
