@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from pydantic import model_validator
@@ -119,8 +120,13 @@ def format_server_pids(pids: dict[str, int]) -> list[str]:
     return [f"{name}={pid}" for name, pid in pids.items()]
 
 
-def _ms(what: str) -> str:
-    return f"{what} SLO for goodput, in ms."
+def _slo_ms(what: str) -> Any:
+    return setting(None, f"{what} SLO for goodput, in ms.", gt=0, le=MAX_SECONDS * 1000)
+
+
+def _length_stddev(default: float, what: str) -> Any:
+    return setting(default, f"Standard deviation of the {what} length (normal, clipped to "
+                   ">= 1).", ge=0, le=MAX_SEQUENCE_TOKENS)
 
 
 class SweepSettings(Settings):
@@ -135,12 +141,8 @@ class SweepSettings(Settings):
     osl: int = setting(
         _WORKLOAD.osl, "Output tokens per request (max_tokens = min_tokens, ignore_eos).", ge=1,
         le=MAX_SEQUENCE_TOKENS)
-    isl_stddev: float = setting(
-        _WORKLOAD.isl_stddev, "Standard deviation of the prompt length (normal, clipped to "
-        ">= 1).", ge=0, le=MAX_SEQUENCE_TOKENS)
-    osl_stddev: float = setting(
-        _WORKLOAD.osl_stddev, "Standard deviation of the output length (normal, clipped to "
-        ">= 1).", ge=0, le=MAX_SEQUENCE_TOKENS)
+    isl_stddev: float = _length_stddev(_WORKLOAD.isl_stddev, "prompt")
+    osl_stddev: float = _length_stddev(_WORKLOAD.osl_stddev, "output")
     requests: int | None = setting(
         None, "Measured requests per level.", ge=1, le=MAX_REQUESTS,
         default_text="max(100, 8 x concurrency)")
@@ -178,9 +180,9 @@ class SweepSettings(Settings):
         "server CPU, e.g. --server-pid frontend=1234 --server-pid engine=1240 (repeatable).",
         flag="--server-pid", multiple=True, metavar="NAME=PID", parse=parse_server_pids,
         format=format_server_pids)
-    slo_ttft_ms: float | None = setting(None, _ms("TTFT"), gt=0, le=MAX_SECONDS * 1000)
-    slo_latency_ms: float | None = setting(None, _ms("Latency"), gt=0, le=MAX_SECONDS * 1000)
-    slo_itl_ms: float | None = setting(None, _ms("ITL"), gt=0, le=MAX_SECONDS * 1000)
+    slo_ttft_ms: float | None = _slo_ms("TTFT")
+    slo_latency_ms: float | None = _slo_ms("Latency")
+    slo_itl_ms: float | None = _slo_ms("ITL")
     knee_threshold: float = setting(
         KNEE_THRESHOLD, "Marginal-efficiency threshold of the knee rule (a step whose "
         "efficiency falls below it ends the sweep's useful range).", gt=0)
