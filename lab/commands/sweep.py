@@ -120,12 +120,12 @@ def sweep(settings: SweepSettings, client: ClientSettings, **topology: Any) -> N
         for _, spec in specs:
             check_faults(settings.faults, spec)
         run_dir = make_dir(name, settings.out)
-        code = run_compare_disagg(run_dir, specs, plan, settings)
+        code = run_compare_disagg(run_dir, specs, plan, settings, topology.get("name"))
     else:
         spec = spec_from_options(**topology)
         check_faults(settings.faults, spec)
         run_dir = make_dir(name, settings.out)
-        code = run_launched(run_dir, spec, plan, settings)
+        code = run_launched(run_dir, spec, plan, settings, topology.get("name"))
     sys.exit(code)
 
 
@@ -278,10 +278,11 @@ def _run(coro_factory: Any) -> int:
 
 
 def run_launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan, settings: SweepSettings,
-                 title: str | None = None) -> int:
+                 name: str | None, title: str | None = None) -> int:
+    """`name`: the --name given (None: not given), as the sweep's config records it."""
     from launch.config import write_config
 
-    write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, settings, spec.name)})
+    write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, settings, name)})
     code = _run(lambda: _launched(run_dir, spec, plan, settings.faults, settings.quiet))
     _print_results(run_dir, title, make_plots=not settings.no_plots)
     return code
@@ -330,7 +331,7 @@ def run_target(run_dir: Path, target: str, model: str, plan: SweepPlan, settings
 
 
 def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], plan: SweepPlan,
-                       settings: SweepSettings) -> int:
+                       settings: SweepSettings, name: str | None) -> int:
     """Both topologies into run_dir/<mode>/, then the comparison into run_dir/compare/."""
     from lab.report.comparison import compare_runs
 
@@ -339,7 +340,7 @@ def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], pla
         sub = run_dir / mode
         sub.mkdir()
         spec.name = f"{spec.name}-{mode}"
-        code = run_launched(sub, spec, plan, settings, title=mode)
+        code = run_launched(sub, spec, plan, settings, name, title=mode)
         if code != 0:
             return code
         dirs.append(sub)
