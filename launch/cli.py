@@ -14,10 +14,13 @@ from typing import Any
 
 import click
 
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
+from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
 from launch.clean import _kill_group_of, leftovers_of
 from launch.cli_options import spec_from_options, topology_options
 from launch.errors import LaunchError, RunError
 from launch.faults import FAULT_KINDS
+from launch.process import START_MARK
 from launch.rundir import make_run_dir, resolve_run
 from launch.state import observed_states, read_state, same_process, supervisor_alive
 from launch.topology import TopologySpec
@@ -35,11 +38,33 @@ def _console():
     return Console(highlight=False, soft_wrap=True)
 
 
+_LOG_TAIL_BYTES = 64 * 1024
+
+
+def startup_wait(process: dict[str, Any]) -> str | None:
+    """What a sidecar that is not ready yet last said about its wait for the engine ("waiting
+    for engine 127.0.0.1:5000: connection refused since 12:01:03, attempt 7"), from the tail of
+    its log since the launcher's last start of it; None for anything else."""
+    if process.get("role") != "sidecar" or process.get("state") != "starting":
+        return None
+    try:
+        with open(process.get("log") or "", "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - _LOG_TAIL_BYTES))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return None
+    tail = tail.rpartition(START_MARK)[2]
+    lines = [line for line in tail.splitlines() if STARTUP_WAIT_PREFIX in line]
+    return lines[-1][lines[-1].index(STARTUP_WAIT_PREFIX):] if lines else None
+
+
 def print_processes(processes: list[dict[str, Any]], check_alive: bool = False,
                     observed: dict[str, str] | None = None) -> None:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
+    notes: list[str] = []  # printed below the table: too long for a column
     hosts = any(p.get("host") for p in processes)
     for column in ("role", "name", "pid", *(("host",) if hosts else ()), "address", "state",
                    "restarts"):
@@ -54,11 +79,16 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False,
             state = f"{state} (gone)"
         elif observed and p["name"] in observed:
             state = observed[p["name"]]
+        elif check_alive and (waiting := startup_wait(p)) is not None:
+            state = "waiting"  # starting, and saying why below the table
+            notes.append(f"{p['name']}: {waiting}")
         role = p["role"] if not p.get("fleet_role") else f"{p['role']}/{p['fleet_role']}"
         host = (p.get("host") or "(root)",) if hosts else ()
         table.add_row(role, p["name"], str(p.get("pid") or "-"), *host, p.get("address") or "-",
                       state, str(p.get("restarts", 0)))
     _console().print(table)
+    for note in notes:
+        click.echo(note)
 
 
 def _print_event(event: dict[str, Any]) -> None:
@@ -231,7 +261,9 @@ def ps(run: str, as_json: bool) -> None:
 
     STATE is the supervisor's (starting, ready, backoff, exited, stopped) unless the system
     or discovery sees otherwise: `stopped (SIGSTOP)`, `withdrawn` (a live sidecar out of
-    discovery: its engine stalled), `stalled` (an engine that answers but serves nothing).
+    discovery: its engine stalled), `stalled` (an engine that answers but serves nothing),
+    `waiting` (a sidecar not ready yet; why, below the table, e.g. "waiting for engine
+    127.0.0.1:5000: connection refused since 12:01:03, attempt 7").
     """
     run_dir, state = _run_arg(run)
     alive = supervisor_alive(state)
@@ -240,6 +272,7 @@ def ps(run: str, as_json: bool) -> None:
         for p in state["processes"]:
             p["alive"] = same_process(p.get("pid"), p.get("create_time"))
             p["observed"] = observed.get(p["name"], p["state"])
+            p["waiting"] = startup_wait(p)
         click.echo(json.dumps({**state, "supervisor_alive": alive}, indent=2))
         return
     status = state["state"] if alive else f"{state['state']} (supervisor not running)"
@@ -253,7 +286,7 @@ def ps(run: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("run")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+@click.option("--timeout", type=FiniteFloatRange(min=0, max=MAX_SECONDS), default=None,
               help="Seconds to wait for the supervisor's teardown.  [default: 2 x grace + 15]")
 def down(run: str, timeout: float | None) -> None:
     """Stop a run started with `lab up` (SIGTERM its supervisor; it tears the fleet down)."""
@@ -284,7 +317,8 @@ def down(run: str, timeout: float | None) -> None:
 @click.option("--process", "name", required=True, help="Process name, e.g. engine-decode-0.")
 @click.option("--kind", type=click.Choice(list(FAULT_KINDS)), required=True,
               help="; ".join(f"{k}: {v}" for k, v in FAULT_KINDS.items()))
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+@click.option("--timeout", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS), default=15.0,
+              show_default=True,
               help="Seconds to wait for the supervisor's answer.")
 def fault(run: str, name: str, kind: str, timeout: float) -> None:
     """Inject a fault into a process of a running `lab up` (the supervisor performs it and

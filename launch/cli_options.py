@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from lab.shared.config_cli import field_option
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, field_option
 from lab.shared.engine_settings import EngineSettings
 from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.settings import (
@@ -94,9 +94,7 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         default=None,
         help="Write request frames as header + body (split) or in one write (coalesced).  "
         f"[default: {'split' if _SOCKETS.split_writes else 'coalesced'}]")),
-    (("--pool-size",), dict(
-        type=click.IntRange(1, 1024),
-        help=f"Request-plane connections per worker.  [default: {_SOCKETS.pool_size}]")),
+    field_option(FrontendSettings, "pool_size", default=None),
     (("--http-nodelay",), dict(
         type=ON_OFF,
         help="TCP_NODELAY on the frontend's accepted HTTP connections.  "
@@ -130,11 +128,11 @@ _OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--name",), dict(
         help=f"Run name (results/<timestamp>-<name>).  [default: {DEFAULT_NAME}]")),
     (("--ready-timeout",), dict(
-        type=click.FloatRange(min=0.1), metavar="SECONDS",
+        type=FiniteFloatRange(min=0.1, max=MAX_SECONDS), metavar="SECONDS",
         help="Every process must be ready within this time.  "
         f"[default: {DEFAULT_READY_TIMEOUT_S:g}]")),
     (("--grace",), dict(
-        type=click.FloatRange(min=0), metavar="SECONDS",
+        type=FiniteFloatRange(min=0, max=MAX_SECONDS), metavar="SECONDS",
         help=f"Teardown: SIGTERM, wait this long, then SIGKILL.  [default: {DEFAULT_GRACE_S:g}]")),
 ]
 
@@ -152,6 +150,26 @@ def topology_options(func: Callable) -> Callable:
 
 def _bad(option: str, message: str) -> click.BadParameter:
     return click.BadParameter(message, param_hint=f"'{option}'")
+
+
+# TopologySpec field -> the option that sets it (for naming a value the spec refuses)
+_SPEC_FLAGS = {
+    "router": "--router", "frontend_port": "--port", "discovery": "--discovery",
+    "model": "--model", "migration_limit": "--migration-limit", "name": "--name",
+    "ready_timeout_s": "--ready-timeout", "grace_s": "--grace", "tokenizer": "--tokenizer",
+}
+
+
+def _spec_error(exc: TopologyError, from_file: bool) -> click.UsageError:
+    """The spec's own check as a usage error naming the option (the file, when it came from
+    --topology and the message names the file's line)."""
+    key, sep, message = str(exc).partition(": ")
+    flag = _SPEC_FLAGS.get(key)
+    if sep and flag is not None:
+        return _bad(flag, message)
+    if from_file:
+        return _bad("--topology", str(exc))
+    return click.UsageError(str(exc))
 
 
 def spec_from_options(**kwargs: Any) -> TopologySpec:
@@ -249,5 +267,5 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
     try:
         spec.validate()
     except TopologyError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise _spec_error(exc, from_file=opts["topology"] is not None) from exc
     return spec

@@ -45,6 +45,10 @@ class ProcessView:
         return asdict(self)
 
 
+#: The line the launcher writes into a process's log before each start of it.
+START_MARK = "--- launcher: start"
+
+
 @dataclass(eq=False)  # identity semantics: processes are kept in sets and dicts
 class ManagedProcess:
     """One supervised process and what the launcher knows of it across its restarts."""
@@ -90,7 +94,7 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            log.write(f"--- launcher: start #{self.starts + 1} at {stamp}: "
+            log.write(f"{START_MARK} #{self.starts + 1} at {stamp}: "
                       f"{' '.join(argv)}\n".encode())
             log.flush()
             self.log_offset = log.tell()

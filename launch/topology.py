@@ -55,11 +55,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.shared.config_cli import MAX_SECONDS
 from lab.shared.json_arg import read_json_object
 from lab.shared.settings import (
     DEFAULT_MIGRATION_LIMIT,
@@ -420,8 +422,10 @@ def _validate_topology(
         _check_int(fleet.count, ("fleet", index, "count"), loc, 1, 256)
         if not isinstance(fleet.engine_args, dict):
             raise loc.error(fleet_key(index, "engine_args"), "expected a table / JSON object")
-        _check_number(fleet.speedup, fleet_key(index, "speedup"), loc, minimum=0)
-        _check_number(fleet.decode_speedup, fleet_key(index, "decode_speedup"), loc, minimum=0)
+        _check_number(fleet.speedup, fleet_key(index, "speedup"), loc, minimum=0,
+                      maximum=sys.float_info.max)
+        _check_number(fleet.decode_speedup, fleet_key(index, "decode_speedup"), loc, minimum=0,
+                      maximum=sys.float_info.max)
         _check_int(fleet.stream_interval, fleet_key(index, "stream_interval"), loc, 1,
                    MAX_STREAM_INTERVAL)
         for key in ("restart_engine", "restart_sidecar"):
@@ -521,6 +525,8 @@ def _check_int(value: Any, key: tuple, loc: _Locator, low: int, high: int) -> No
         raise loc.error(key, f"expected an integer in [{low}, {high}], got {value!r}")
 
 
-def _check_number(value: Any, key: tuple, loc: _Locator, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise loc.error(key, f"expected a number >= {minimum:g}, got {value!r}")
+def _check_number(value: Any, key: tuple, loc: _Locator, minimum: float,
+                  maximum: float = MAX_SECONDS) -> None:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not minimum <= value <= maximum):  # nan fails both comparisons
+        raise loc.error(key, f"expected a number in [{minimum:g}, {maximum:g}], got {value!r}")

@@ -7,8 +7,12 @@ import sys
 
 import click
 
-from lab.shared.config_cli import FiniteFloatRange, options
-from lab.shared.engine_settings import EngineSettings
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, options
+from lab.shared.engine_settings import (
+    MAX_CONCURRENT_REQUESTS,
+    MAX_CONTEXT_LENGTH,
+    EngineSettings,
+)
 from mocker.server import config as sc
 from mocker.server.vocab import allowed_ids
 
@@ -79,19 +83,21 @@ def serve(settings: EngineSettings) -> None:
 
 @main.command()
 @click.option(
-    "--drift-seconds", type=FiniteFloatRange(min=0, min_open=True), default=10.0, show_default=True,
+    "--drift-seconds", type=FiniteFloatRange(min=0, min_open=True, max=MAX_SECONDS),
+    default=10.0, show_default=True,
     help="Length of the simulated-vs-wall drift run (speedup 1, 256 running sequences).",
 )
 @click.option(
-    "--concurrency", type=click.IntRange(min=1), default=32, show_default=True,
+    "--concurrency", type=click.IntRange(1, MAX_CONCURRENT_REQUESTS), default=32, show_default=True,
     help="Concurrent gRPC streams of the streaming benchmark (speedup 0).",
 )
 @click.option(
-    "--tokens", type=click.IntRange(min=1), default=128, show_default=True,
+    "--tokens", type=click.IntRange(1, MAX_CONTEXT_LENGTH), default=128, show_default=True,
     help="Output tokens per request of the streaming benchmark.",
 )
 @click.option(
-    "--stream-seconds", type=FiniteFloatRange(min=0, min_open=True), default=10.0,
+    "--stream-seconds", type=FiniteFloatRange(min=0, min_open=True, max=MAX_SECONDS),
+    default=10.0,
     show_default=True,
     help="Length of the streaming benchmark.",
 )

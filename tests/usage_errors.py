@@ -32,3 +32,11 @@ def assert_usage_error(exit_code: int | None, output: str, named: str) -> None:
     assert exit_code == 2, output
     assert named in output, output
     assert "Traceback" not in output, output
+
+
+def assert_one_line_error(exit_code: int | None, output: str, named: str) -> None:
+    """Exit 2 with exactly one `Error:` line, which names `named`, and no traceback."""
+    assert_usage_error(exit_code, output, named)
+    errors = [line for line in output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and named in errors[0], output
+    assert errors[0].removeprefix("Error:").strip(), output  # not an empty "Error: "

@@ -36,8 +36,14 @@ from lab.commands.nagle_arms import (
 )
 from lab.commands.nagle_report import reanalyse, write_config, write_outputs
 from lab.commands.nagle_run import launched_or_fail, progress, run_external
+from lab.commands.sweep_settings import (
+    MAX_CONCURRENCY,
+    MAX_REQUESTS,
+    MAX_SEQUENCE_TOKENS,
+)
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.workload import WorkloadSpec
+from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, FiniteFloatRange
 from lab.shared.settings import DEFAULT_MODEL
 from launch.topology import DEFAULT_SPEEDUP
 
@@ -57,8 +63,9 @@ def _run_dir(out: Path | None) -> Path:
 @click.command(name="nagle")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Run directory. [default: results/<timestamp>-nagle]")
-@click.option("--requests", "n_requests", type=click.IntRange(min=1), default=DEFAULT_REQUESTS,
-              show_default=True, help="Requests per arm and concurrency level.")
+@click.option("--requests", "n_requests", type=click.IntRange(1, MAX_REQUESTS),
+              default=DEFAULT_REQUESTS, show_default=True,
+              help="Requests per arm and concurrency level.")
 @click.option("--arms", default=None,
               help="Comma-separated arms, or 'all'. Launched stack: "
               + ", ".join(LAUNCHED_ARMS)
@@ -69,22 +76,29 @@ def _run_dir(out: Path | None) -> Path:
               help="Idle gaps between requests, ms, comma-separated: each value > 0 adds an arm "
               "at concurrency 1 (suspect settings on the launched stack, one reused connection "
               f"with --target). [default: 0; with --target {DEFAULT_EXTERNAL_GAP_MS:g}]")
-@click.option("--many", type=click.IntRange(min=2), default=DEFAULT_MANY, show_default=True,
+@click.option("--many", type=click.IntRange(2, MAX_CONCURRENCY), default=DEFAULT_MANY,
+              show_default=True,
               help="The continuous-traffic concurrency level run beside concurrency 1.")
-@click.option("--threshold-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--threshold-ms", type=FiniteFloatRange(min=0, min_open=True,
+                                                    max=MAX_SECONDS * 1000),
               default=DEFAULT_THRESHOLD_MS, show_default=True,
               help="A stall: TTFT at least this far above the fastest decile.")
-@click.option("--speedup", type=click.FloatRange(min=0), default=DEFAULT_SPEEDUP, show_default=True,
+@click.option("--speedup", type=FiniteFloatRange(min=0), default=DEFAULT_SPEEDUP,
+              show_default=True,
               help="Engine speedup of the launched stack (1000: the engine is nearly free).")
-@click.option("--isl", type=click.IntRange(min=1), default=WorkloadSpec.isl, show_default=True,
+@click.option("--isl", type=click.IntRange(1, MAX_SEQUENCE_TOKENS), default=WorkloadSpec.isl,
+              show_default=True,
               help="Prompt tokens per request (exact in --tokenizer's tokenizer when given).")
-@click.option("--osl", type=click.IntRange(min=1), default=WorkloadSpec.osl, show_default=True,
+@click.option("--osl", type=click.IntRange(1, MAX_SEQUENCE_TOKENS), default=WorkloadSpec.osl,
+              show_default=True,
               help="Output tokens per request.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Workload seed.")
-@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="Workload seed.")
+@click.option("--warmup", type=click.IntRange(0, MAX_REQUESTS), default=0, show_default=True,
               help="Leading requests per level left out of the statistics (0: the first request "
               "of a fresh connection is part of the signature).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
+@click.option("--timeout", "timeout_s",
+              type=FiniteFloatRange(min=0, min_open=True, max=MAX_SECONDS), default=60.0,
               show_default=True, help="Per-request timeout, seconds.")
 @prompt_form_options
 @click.option("--tokenizer", default=None, metavar="PATH",

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import click
 
+from lab.shared.config_cli import FiniteFloatRange
+
 
 @click.command()
 @click.argument("run")
 @click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
-@click.option("--knee-threshold", type=float, default=None,
+@click.option("--knee-threshold", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Marginal-efficiency threshold of the knee rule.  [default: the run's, or 0.1]")
 def report(run: str, no_plots: bool, knee_threshold: float | None) -> None:
     """Re-analyse RUN (a run directory, or a run name under results/)."""
@@ -19,9 +21,6 @@ def report(run: str, no_plots: bool, knee_threshold: float | None) -> None:
     from launch.errors import RunError
     from launch.rundir import resolve_run
 
-    if knee_threshold is not None and knee_threshold <= 0:
-        raise click.BadParameter(f"must be > 0 (got {knee_threshold:g})",
-                                 param_hint="'--knee-threshold'")
     try:
         path = resolve_run(run)
     except RunError as exc:

@@ -1,103 +1,49 @@
 """`lab sweep`: launch a stack (or use --target), drive each concurrency level, and leave a run
-directory that answers "where is the knee, and what does disaggregation cost?"."""
+directory that answers "where is the knee, and what does disaggregation cost?".
+
+The options are generated from `SweepSettings` (lab.commands.sweep_settings), the load client's
+`ClientSettings` (lab.load.client_settings) and the topology options (launch.cli_options)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import re
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
-from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.commands.sweep_settings import (
+    FaultSpec,
+    SweepSettings,
+    parse_conc,
+    parse_faults,
+    parse_server_pids,
+)
+from lab.commands.target import target_or_exit, workload_from_options
 from lab.load.arrival_settings import ArrivalSettings
-from lab.load.client import ClientOptions
-from lab.load.workload import WorkloadSpec
+from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
-from launch.faults import ENGINE_ONLY, FAULT_KINDS
+from launch.faults import ENGINE_ONLY
+from launch.topology import TopologySpec
 
-DEFAULT_CONC = "1,32,128,256"
-DEFAULT_ISL = WorkloadSpec.isl
-DEFAULT_OSL = WorkloadSpec.osl
+if TYPE_CHECKING:  # lab.load.sweep imports pandas: not for `lab sweep --help`
+    from lab.load.sweep import LineProgress, SweepPlan
+    from launch.stack import Stack
+
+__all__ = ["parse_conc", "parse_faults", "parse_server_pids", "sweep"]
+
 # topology options that make sense with --target (the rest would be silently ignored)
 _TARGET_OK = {"model", "name", "tokenizer"}
-_FAULT_RE = re.compile(r"^(?P<proc>[A-Za-z0-9_.-]+):(?P<kind>[a-z-]+)@(?P<num>\d+(?:\.\d+)?)"
-                       r"(?P<unit>ms|s)?$")
+_WORKLOAD_FIELDS = ("isl", "osl", "isl_stddev", "osl_stddev", "seed", "shared_prefix",
+                    "prompt_kind", "endpoint")
 
 
-#: The most requests in flight one level may ask for (and requests per level).
-MAX_CONCURRENCY = 10_000
-MAX_REQUESTS = 10_000_000
-
-# ----- parsing -----
-
-def parse_conc(value: str) -> list[int]:
-    """'1,32,128' -> [1, 32, 128] (sorted, unique); BadParameter naming --conc otherwise."""
-    items = [v.strip() for v in str(value).split(",")]
-    if not any(items):
-        raise click.BadParameter("expected a comma-separated list of positive integers, e.g. "
-                                 "1,32,128,256", param_hint="'--conc'")
-    if not all(items):
-        raise click.BadParameter(f"{value!r} has an empty item (expected e.g. 1,32,128,256)",
-                                 param_hint="'--conc'")
-    out = []
-    for item in items:
-        try:
-            n = int(item)
-        except ValueError:
-            raise click.BadParameter(f"{item!r} is not an integer (expected e.g. 1,32,128,256)",
-                                     param_hint="'--conc'") from None
-        if n < 1:
-            raise click.BadParameter(f"{n} is not a positive concurrency", param_hint="'--conc'")
-        if n > MAX_CONCURRENCY:
-            raise click.BadParameter(f"{n} exceeds the limit of {MAX_CONCURRENCY} requests in "
-                                     "flight (each holds a connection and its buffers)",
-                                     param_hint="'--conc'")
-        out.append(n)
-    return sorted(set(out))
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    process: str
-    kind: str
-    at_s: float
-
-    def __str__(self) -> str:
-        return f"{self.process}:{self.kind}@{self.at_s:g}s"
-
-
-def parse_faults(values: tuple[str, ...]) -> list[FaultSpec]:
-    """'engine-decode-0:kill@10s' (also @500ms, @10; several per option, comma-separated)."""
-    out = []
-    for value in values:
-        for item in (v.strip() for v in value.split(",")):
-            if not item:
-                continue
-            m = _FAULT_RE.match(item)
-            if not m:
-                raise click.BadParameter(
-                    f"{item!r}: expected PROCESS:KIND@TIME, e.g. engine-decode-0:kill@10s",
-                    param_hint="'--fault'")
-            kind = m["kind"]
-            if kind not in FAULT_KINDS:
-                raise click.BadParameter(
-                    f"{item!r}: unknown kind {kind!r} (kinds: {', '.join(FAULT_KINDS)})",
-                    param_hint="'--fault'")
-            at = float(m["num"]) / (1000.0 if m["unit"] == "ms" else 1.0)
-            out.append(FaultSpec(m["proc"], kind, at))
-    return sorted(out, key=lambda f: f.at_s)
-
-
-def process_names(spec: Any) -> dict[str, str]:
+def process_names(spec: TopologySpec) -> dict[str, str]:
     """name -> role of every process the launcher will start for `spec`."""
     names = {"frontend": "frontend"}
     for _, suffix in spec.workers():
@@ -106,7 +52,7 @@ def process_names(spec: Any) -> dict[str, str]:
     return names
 
 
-def check_faults(faults: list[FaultSpec], spec: Any) -> None:
+def check_faults(faults: tuple[FaultSpec, ...], spec: TopologySpec) -> None:
     names = process_names(spec)
     for f in faults:
         if f.process not in names:
@@ -118,158 +64,83 @@ def check_faults(faults: list[FaultSpec], spec: Any) -> None:
                                      param_hint="'--fault'")
 
 
+def _check_target_mode(settings: SweepSettings, topology: dict[str, Any]) -> None:
+    """The options that need a launched stack, or only make sense with --target."""
+    if settings.target:
+        given = sorted(k for k in TOPOLOGY_OPTION_NAMES - _TARGET_OK
+                       if topology.get(k) is not None)
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise click.UsageError(f"{flags}: topology options have no effect with --target "
+                                   "(nothing is launched)")
+        if settings.faults:
+            raise click.UsageError("--fault needs a launched stack (not --target)")
+        if settings.compare_disagg:
+            raise click.UsageError("--compare-disagg needs a launched stack (not --target)")
+    elif settings.server_pids:
+        raise click.UsageError("--server-pid is for --target runs (a launched stack is sampled "
+                               "anyway)")
+
+
+def _given(param: str) -> bool:
+    """Whether the command line gave `param` (not its default)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source is click.core.ParameterSource.COMMANDLINE
+
+
 # ----- the command -----
 
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise click.BadParameter(f"must be a finite number > 0 (got {value:g})",
-                                 param_hint=f"'{name}'")
-
-
 @click.command()
-@click.option("--conc", default=DEFAULT_CONC, show_default=True, metavar="LIST",
-              help="Concurrency levels (requests in flight), comma-separated.")
+@options(SweepSettings)
 @topology_options
-@click.option("--isl", type=int, default=DEFAULT_ISL, show_default=True,
-              help="Input (prompt) tokens per request: exact in --tokenizer's tokenizer when "
-              "given, else in the lab frontend's word tokenizer.")
-@click.option("--osl", type=int, default=DEFAULT_OSL, show_default=True,
-              help="Output tokens per request (max_tokens = min_tokens, ignore_eos).")
-@click.option("--isl-stddev", type=float, default=0.0, show_default=True,
-              help="Standard deviation of the prompt length (normal, clipped to >= 1).")
-@click.option("--osl-stddev", type=float, default=0.0, show_default=True,
-              help="Standard deviation of the output length (normal, clipped to >= 1).")
-@click.option("--requests", "n_requests", type=int, default=None,
-              help="Measured requests per level.  [default: max(100, 8 x concurrency)]")
-@click.option("--duration", type=float, default=None, metavar="SECONDS",
-              help="Run each level this long instead of a request count.")
-@click.option("--warmup", type=int, default=None,
-              help="Warm-up requests per level, excluded from statistics.  "
-              "[default: the level's concurrency]")
-@click.option("--repeat", type=int, default=1, show_default=True,
-              help="Run each level K times; the report shows the spread.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Workload seed (prompts and lengths are deterministic for a seed).")
-@click.option("--shared-prefix", type=int, default=0, show_default=True, metavar="TOKENS",
-              help="Tokens of prompt prefix shared by every request (prefix-cache hits).")
-@prompt_form_options
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory (must not exist or be empty).  "
-              "[default: results/<timestamp>-<name>]")
-@click.option("--target", default=None, metavar="URL",
-              help="Sweep an external OpenAI-compatible server (nothing launched; use --model).")
-@click.option("--server-pid", "server_pids", multiple=True, metavar="NAME=PID",
-              help="With --target: sample this server process (and its children) for the "
-              "report's server CPU, e.g. --server-pid frontend=1234 --server-pid engine=1240 "
-              "(repeatable).")
-@click.option("--client-procs", type=int, default=1, show_default=True, metavar="K",
-              help="Spread each level over K client processes.")
-@click.option("--fresh-connection", is_flag=True, default=False,
-              help="Open a new HTTP connection per request (default: keep-alive, one pool).")
-@click.option("--in-process-client", is_flag=True, default=False,
-              help="Run the load client inside the sweep process (default: a child process, so "
-              "the client's CPU and loop-lag figures are its own, not the launcher's).")
-@click.option("--gap-ms", type=float, default=0.0, show_default=True,
-              help="Idle time between a slot's response and its next request.")
-@click.option("--timeout", "timeout_s", type=float, default=ClientOptions.timeout_s,
-              show_default=True,
-              metavar="SECONDS", help="Per-request timeout.")
-@click.option("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput.")
-@click.option("--slo-latency-ms", type=float, default=None, help="Latency SLO for goodput.")
-@click.option("--slo-itl-ms", type=float, default=None, help="ITL SLO for goodput.")
-@click.option("--knee-threshold", type=float, default=KNEE_THRESHOLD, show_default=True,
-              help="Marginal-efficiency threshold of the knee rule.")
-@click.option("--compare-disagg", is_flag=True, default=False,
-              help="Run the sweep aggregated, then disaggregated (--prefill/--decode), and "
-              "compare them.")
-@click.option("--fault", "faults", multiple=True, metavar="PROC:KIND@TIME",
-              help="Inject a fault during the sweep, e.g. engine-decode-0:kill@10s (TIME from "
-              "the first level's start; repeatable or comma-separated).")
-@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
-@click.option("--quiet", is_flag=True, default=False, help="No live progress lines.")
+@options(ClientSettings, param="client")
 @options(ArrivalSettings, param="arrival")
-def sweep(arrival: ArrivalSettings, **kw: Any) -> None:
+def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSettings,
+          **topology: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
     procs.parquet, plots/*.png, report.md, logs/. Prints the results table and the knee.
     """
-    concs = [] if arrival.rate else parse_conc(kw["conc"])
-    for name, key in (("--isl", "isl"), ("--osl", "osl"), ("--requests", "n_requests"),
-                      ("--duration", "duration"), ("--repeat", "repeat"),
-                      ("--client-procs", "client_procs"), ("--timeout", "timeout_s"),
-                      ("--knee-threshold", "knee_threshold"), ("--slo-ttft-ms", "slo_ttft_ms"),
-                      ("--slo-latency-ms", "slo_latency_ms"), ("--slo-itl-ms", "slo_itl_ms")):
-        _positive(name, kw[key])
-    for name, key in (("--warmup", "warmup"), ("--shared-prefix", "shared_prefix"),
-                      ("--isl-stddev", "isl_stddev"), ("--osl-stddev", "osl_stddev"),
-                      ("--gap-ms", "gap_ms")):
-        if kw[key] is not None and not (math.isfinite(kw[key]) and kw[key] >= 0):
-            raise click.BadParameter(f"must be a finite number >= 0 (got {kw[key]:g})",
-                                     param_hint=f"'{name}'")
-    if kw["shared_prefix"] > kw["isl"]:
-        raise click.BadParameter(f"{kw['shared_prefix']} exceeds --isl {kw['isl']} (the shared "
-                                 "prefix is part of the prompt)", param_hint="'--shared-prefix'")
-    if kw["n_requests"] is not None and kw["n_requests"] > MAX_REQUESTS:
-        raise click.BadParameter(f"{kw['n_requests']} exceeds the limit of {MAX_REQUESTS}",
-                                 param_hint="'--requests'")
-    if kw["n_requests"] is not None and kw["duration"] is not None:
-        raise click.UsageError("--requests and --duration are alternatives: give one")
-    faults = parse_faults(kw["faults"])
-    target = kw["target"]
-    if target:
-        given = sorted(k for k in TOPOLOGY_OPTION_NAMES - _TARGET_OK if kw.get(k) is not None)
-        if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise click.UsageError(f"{flags}: topology options have no effect with --target "
-                                   "(nothing is launched)")
-        if faults:
-            raise click.UsageError("--fault needs a launched stack (not --target)")
-    elif kw["server_pids"]:
-        raise click.UsageError("--server-pid is for --target runs (a launched stack is sampled "
-                               "anyway)")
-    server_pids = parse_server_pids(kw["server_pids"])
-    if target and kw["compare_disagg"]:
-        raise click.UsageError("--compare-disagg needs a launched stack (not --target)")
-
-    workload = workload_from_options(kw, target=target)
     from lab.load.sweep import SweepPlan
 
+    _check_target_mode(settings, topology)
+    if arrival.rate and _given("conc"):
+        raise click.UsageError("--conc and --rate are alternatives: a level is a concurrency "
+                               "(closed loop) or a request rate (open loop)")
+    target = settings.target
+    workload = workload_from_options(
+        {**{k: getattr(settings, k) for k in _WORKLOAD_FIELDS},
+         "tokenizer": topology.get("tokenizer")}, target=target)
     plan = SweepPlan(
-        concurrency=concs, workload=workload, requests=kw["n_requests"],
-        duration_s=kw["duration"], warmup=kw["warmup"], repeat=kw["repeat"],
-        client=ClientOptions(fresh_connection=kw["fresh_connection"], gap_ms=kw["gap_ms"],
-                             timeout_s=kw["timeout_s"], procs=kw["client_procs"],
-                             isolate=not kw["in_process_client"]),
+        concurrency=[] if arrival.rate else list(settings.conc), workload=workload,
+        requests=settings.requests, duration_s=settings.duration, warmup=settings.warmup,
+        repeat=settings.repeat, client=client.to_options(),
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
-        max_concurrency=arrival.max_concurrency,
-    )
-    slos = {k: kw[f"slo_{k}"] for k in ("ttft_ms", "latency_ms", "itl_ms")
-            if kw[f"slo_{k}"] is not None}
-    name = kw.get("name") or ("target" if target else "lab")
+        max_concurrency=arrival.max_concurrency)
+    name = topology.get("name") or ("target" if target else "lab")
     if target:
-        info = target_or_exit(target, kw.get("model"), workload, kw["timeout_s"],
-                              quiet=kw["quiet"])
+        info = target_or_exit(target, topology.get("model"), workload, client.timeout,
+                              quiet=settings.quiet)
         plan.workload = replace(workload, include_usage=info.include_usage)
-        run_dir = make_dir(name, kw["out"])
-        code = run_target(run_dir, info.url, info.model, plan, slos, kw, info.to_dict(),
-                          server_pids)
-    elif kw["compare_disagg"]:
-        agg_kw = {**kw, "disagg": None, "prefill": None, "decode": None}
-        dis_kw = {**kw, "disagg": True, "engines": None}
-        specs = [("aggregated", spec_from_options(**agg_kw)),
-                 ("disaggregated", spec_from_options(**dis_kw))]
+        run_dir = make_dir(name, settings.out)
+        code = run_target(run_dir, info.url, info.model, plan, settings, topology.get("name"),
+                          info.to_dict())
+    elif settings.compare_disagg:
+        specs = [("aggregated", spec_from_options(**{**topology, "disagg": None, "prefill": None,
+                                                     "decode": None})),
+                 ("disaggregated", spec_from_options(**{**topology, "disagg": True,
+                                                        "engines": None}))]
         for _, spec in specs:
-            check_faults(faults, spec)
-        run_dir = make_dir(name, kw["out"])
-        code = run_compare_disagg(run_dir, specs, plan, slos, faults, kw)
+            check_faults(settings.faults, spec)
+        run_dir = make_dir(name, settings.out)
+        code = run_compare_disagg(run_dir, specs, plan, settings, topology.get("name"))
     else:
-        spec = spec_from_options(**kw)
-        check_faults(faults, spec)
-        run_dir = make_dir(name, kw["out"])
-        code = run_launched(run_dir, spec, plan, slos, faults, kw)
+        spec = spec_from_options(**topology)
+        check_faults(settings.faults, spec)
+        run_dir = make_dir(name, settings.out)
+        code = run_launched(run_dir, spec, plan, settings, topology.get("name"))
     sys.exit(code)
-
 
 
 # ----- running -----
@@ -288,18 +159,18 @@ def make_dir(name: str, out: Path | None) -> Path:
                                  param_hint="'--out'") from None
 
 
-def _sweep_config(plan: Any, slos: dict, faults: list[FaultSpec], kw: dict, *,
+def _sweep_config(plan: SweepPlan, settings: SweepSettings, name: str | None, *,
                   target: str | None = None, model: str | None = None,
                   target_check: dict | None = None) -> dict:
     return {
-        "name": kw.get("name"),
+        "name": name,
         "target": target,
         "model": model,
         "target_check": target_check,
         **plan.to_dict(),
-        "slos": slos,
-        "knee_threshold": kw["knee_threshold"],
-        "faults": [str(f) for f in faults],
+        "slos": settings.slos(),
+        "knee_threshold": settings.knee_threshold,
+        "faults": [str(f) for f in settings.faults],
         "argv": sys.argv,
     }
 
@@ -337,7 +208,8 @@ def _print_results(run_dir: Path, title: str | None = None, make_plots: bool = T
     return analysis
 
 
-async def _inject(stack: Any, faults: list[FaultSpec], t0: float, progress: Any) -> None:
+async def _inject(stack: Stack, faults: tuple[FaultSpec, ...], t0: float,
+                  progress: LineProgress) -> None:
     for f in faults:
         delay = t0 + f.at_s - time.monotonic()
         if delay > 0:
@@ -349,7 +221,7 @@ async def _inject(stack: Any, faults: list[FaultSpec], t0: float, progress: Any)
             progress.done(f"fault {f} could not be injected: {exc}")
 
 
-def _event_printer(progress: Any) -> Any:
+def _event_printer(progress: LineProgress) -> Any:
     shown = {"fault", "exit", "restart", "withdrawn", "registered", "kill"}
 
     def listener(event: dict) -> None:
@@ -372,8 +244,8 @@ async def _main_task_guard() -> asyncio.Task:
     return task
 
 
-async def _launched(run_dir: Path, spec: Any, plan: Any, faults: list[FaultSpec],
-                    quiet: bool) -> None:
+async def _launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan,
+                    faults: tuple[FaultSpec, ...], quiet: bool) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
     from launch.stack import Stack
 
@@ -419,35 +291,18 @@ def _run(coro_factory: Any) -> int:
     return 0
 
 
-def run_launched(run_dir: Path, spec: Any, plan: Any, slos: dict, faults: list[FaultSpec],
-                 kw: dict, title: str | None = None) -> int:
+def run_launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan, settings: SweepSettings,
+                 name: str | None, title: str | None = None) -> int:
+    """`name`: the --name given (None: not given), as the sweep's config records it."""
     from launch.config import write_config
 
-    write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, slos, faults, kw)})
-    code = _run(lambda: _launched(run_dir, spec, plan, faults, kw["quiet"]))
-    _print_results(run_dir, title, make_plots=not kw["no_plots"])
+    write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, settings, name)})
+    code = _run(lambda: _launched(run_dir, spec, plan, settings.faults, settings.quiet))
+    _print_results(run_dir, title, make_plots=not settings.no_plots)
     return code
 
 
-def parse_server_pids(values: tuple[str, ...]) -> dict[str, int]:
-    """NAME=PID pairs of --server-pid; a clear error for a malformed pair or a missing pid."""
-    import psutil
-
-    out: dict[str, int] = {}
-    for value in values:
-        name, sep, pid = value.partition("=")
-        if not sep or not name or not pid.isdigit():
-            raise click.BadParameter(f"{value!r}: expected NAME=PID, e.g. frontend=1234",
-                                     param_hint="'--server-pid'")
-        if name in out:
-            raise click.BadParameter(f"{name!r} is given twice", param_hint="'--server-pid'")
-        if not psutil.pid_exists(int(pid)):
-            raise click.BadParameter(f"{value!r}: no process {pid}", param_hint="'--server-pid'")
-        out[name] = int(pid)
-    return out
-
-
-async def _targeted(run_dir: Path, target: str, model: str, plan: Any, quiet: bool,
+async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, quiet: bool,
                     server_pids: dict[str, int]) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
 
@@ -477,21 +332,20 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: Any, quiet: bo
     await asyncio.to_thread(sampler.write)
 
 
-def run_target(run_dir: Path, target: str, model: str, plan: Any, slos: dict, kw: dict,
-               target_check: dict | None = None,
-               server_pids: dict[str, int] | None = None) -> int:
+def run_target(run_dir: Path, target: str, model: str, plan: SweepPlan, settings: SweepSettings,
+               name: str | None, target_check: dict | None = None) -> int:
     from launch.config import write_config
 
-    write_config(run_dir, extra={"sweep": _sweep_config(plan, slos, [], kw, target=target,
+    write_config(run_dir, extra={"sweep": _sweep_config(plan, settings, name, target=target,
                                                         model=model, target_check=target_check)})
-    code = _run(lambda: _targeted(run_dir, target, model, plan, kw["quiet"],
-                                  server_pids or {}))
-    _print_results(run_dir, make_plots=not kw["no_plots"])
+    code = _run(lambda: _targeted(run_dir, target, model, plan, settings.quiet,
+                                  settings.server_pids))
+    _print_results(run_dir, make_plots=not settings.no_plots)
     return code
 
 
-def run_compare_disagg(run_dir: Path, specs: list[tuple[str, Any]], plan: Any, slos: dict,
-                       faults: list[FaultSpec], kw: dict) -> int:
+def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], plan: SweepPlan,
+                       settings: SweepSettings, name: str | None) -> int:
     """Both topologies into run_dir/<mode>/, then the comparison into run_dir/compare/."""
     from lab.report.comparison import compare_runs
 
@@ -500,11 +354,11 @@ def run_compare_disagg(run_dir: Path, specs: list[tuple[str, Any]], plan: Any, s
         sub = run_dir / mode
         sub.mkdir()
         spec.name = f"{spec.name}-{mode}"
-        code = run_launched(sub, spec, plan, slos, faults, kw, title=mode)
+        code = run_launched(sub, spec, plan, settings, name, title=mode)
         if code != 0:
             return code
         dirs.append(sub)
     _echo()
-    result = compare_runs(dirs, run_dir / "compare", make_plots=not kw["no_plots"])
+    result = compare_runs(dirs, run_dir / "compare", make_plots=not settings.no_plots)
     _echo(result.text)
     return 0

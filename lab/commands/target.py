@@ -9,27 +9,18 @@ from typing import Any
 
 import click
 
-from lab.load.workload import (
-    ENDPOINTS,
-    LAB_PROMPT_KIND,
-    PROMPT_KINDS,
-    TARGET_PROMPT_KIND,
-    WorkloadSpec,
-)
+from lab.commands.sweep_settings import SweepSettings
+from lab.load.workload import LAB_PROMPT_KIND, TARGET_PROMPT_KIND, WorkloadSpec
+from lab.shared.config_cli import field_option
 
 
 def prompt_form_options(func: Callable) -> Callable:
-    """--prompt-kind and --endpoint (the same names, help and defaults in sweep and nagle)."""
-    func = click.option(
-        "--endpoint", type=click.Choice(ENDPOINTS), default="completions", show_default=True,
-        help="OpenAI endpoint: /v1/completions or /v1/chat/completions (chat: the report "
-        "states the server's chat-template overhead in prompt tokens).")(func)
-    return click.option(
-        "--prompt-kind", type=click.Choice(PROMPT_KINDS), default=None,
-        help="Prompt form: token_ids (a list of ids; with --tokenizer, ids of its vocabulary), "
-        "words (the lab word tokenizer's <token:N> words), or text (natural text; exactly "
-        f"--isl tokens with --tokenizer).  [default: {TARGET_PROMPT_KIND} with --target or "
-        f"--tokenizer, else {LAB_PROMPT_KIND}]")(func)
+    """--prompt-kind and --endpoint, generated from `SweepSettings`' fields (the same names,
+    help and defaults in `lab nagle` as in `lab sweep`)."""
+    for name in ("endpoint", "prompt_kind"):
+        decls, kwargs = field_option(SweepSettings, name)
+        func = click.option(*decls, **kwargs)(func)
+    return func
 
 
 def workload_from_options(kw: dict, *, target: str | None) -> WorkloadSpec:

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from lab.load.arrivals import ArrivalProcess
+from lab.load.client_settings import MAX_CONCURRENCY
 from lab.shared.config_cli import Settings, setting
 
 #: The highest rate one level may ask for (requests/s).
@@ -64,6 +65,7 @@ class ArrivalSettings(Settings):
     max_concurrency: int | None = setting(
         None, "With --rate: at most this many requests in flight; a request due while the cap "
         "is reached waits at the client (its wait is recorded, never dropped).", ge=1,
+        le=MAX_CONCURRENCY,
         default_text="no cap")
 
     @model_validator(mode="after")

@@ -79,8 +79,12 @@ async def served_models(url: str, timeout_s: float) -> tuple[int, list[str] | No
             except (ValueError, KeyError, TypeError, aiohttp.ContentTypeError):
                 return resp.status, None
             return resp.status, ids
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        raise TargetError(f"cannot reach {url}: {type(exc).__name__}: {exc}",
+    except TimeoutError:  # aiohttp's carries no text: say what waited, how long, and the knob
+        raise TargetError(f"GET {url}/v1/models got no answer within {timeout_s:g} s (the "
+                          f"check waits --timeout, at most {DEFAULT_TIMEOUT_S:g} s)",
+                          "--timeout") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise TargetError(f"cannot reach {url}: {type(exc).__name__}: {exc or '(no detail)'}",
                           "--target") from None
 
 

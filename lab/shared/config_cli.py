@@ -31,9 +31,17 @@ from pydantic.fields import FieldInfo
 
 from lab.shared.switches import ON_OFF, is_on, on_off
 
-__all__ = ["Settings", "field_option", "options", "parse_settings", "setting", "to_argv"]
+__all__ = ["MAX_SECONDS", "Settings", "field_option", "options", "parse_settings", "setting",
+           "to_argv"]
 
 S = TypeVar("S", bound="Settings")
+
+#: The longest duration any setting accepts, in seconds (about 11.6 days): a bound, so that a
+#: mistyped huge value is refused by name instead of meaning "forever" in one place and an
+#: overflow in another.
+MAX_SECONDS = 1e6
+#: The largest seed: the engine hashes it as 8 little-endian bytes.
+MAX_SEED = 2**64 - 1
 
 
 class Settings(BaseModel):
@@ -171,6 +179,9 @@ def field_option(model: type[Settings], name: str, decls: tuple[str, ...] | None
         own = (flag, *cli.aliases)
         if cli.multiple:
             default = ()
+        elif cli.format is not None and default is not None:
+            # a parsed value (e.g. a list) reaches click as the text that parses back to it
+            (default,) = cli.format(default)
         elif cli.on_off and default is not None:
             default = on_off(default)
         kwargs.update(type=_click_type(info, cli), default=default, multiple=cli.multiple)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from lab.shared.config_cli import Settings, setting
+from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, setting
 from lab.shared.settings import (
     DEFAULT_GRPC_SERVER,
     DEFAULT_LOG_LEVEL,
@@ -23,6 +23,11 @@ DEFAULT_ROLE = "aggregated"
 DEFAULT_SEED = 42
 DEFAULT_CONTEXT_LENGTH = 32768
 DEFAULT_MAX_CONCURRENT_REQUESTS = 256
+#: Bounds of the sizes (a mistyped huge value is refused by name): 16 M tokens of vocabulary
+#: or context is beyond any model served here.
+MAX_VOCAB_SIZE = 1 << 24
+MAX_CONTEXT_LENGTH = 1 << 24
+MAX_CONCURRENT_REQUESTS = 1_000_000
 DEFAULT_KV_HOST = "127.0.0.1"
 DEFAULT_KV_PORT = 5600
 #: Consumer-stall watchdog (the real servicer's RESPONSE_STALL_TIMEOUT_SECONDS).
@@ -74,7 +79,8 @@ class EngineSettings(Settings):
         DEFAULT_MODEL, "Model identity reported by GetServerInfo/GetModelInfo (any non-empty "
         "request model name is served).", parse=non_empty)
     seed: int = setting(
-        DEFAULT_SEED, "Seed of the deterministic token ids and session UUIDs.", ge=0)
+        DEFAULT_SEED, "Seed of the deterministic token ids and session UUIDs.", ge=0,
+        le=MAX_SEED)
     tokenizer: str | None = setting(
         None, "The model's HuggingFace tokenizer.json (or a local model directory holding one): "
         "output token ids are its vocabulary without its special tokens (BOS, EOS, pad, ...) and "
@@ -82,14 +88,16 @@ class EngineSettings(Settings):
         "(docs/mocker.md \"Tokens\").", metavar="PATH",
         default_text="ids in [1000, 31999], the lab frontend's default word tokenizer")
     vocab_size: int | None = setting(
-        None, "Without --tokenizer: output token ids are 0 .. N-1.", ge=1, metavar="N",
+        None, "Without --tokenizer: output token ids are 0 .. N-1.", ge=1, le=MAX_VOCAB_SIZE,
+        metavar="N",
         default_text="ids in [1000, 31999]")
     context_length: int = setting(
         DEFAULT_CONTEXT_LENGTH, "Context window (ModelInfo.max_context_length); outputs are "
-        "clamped to it, prompts that fill it are rejected. Must be > 0.", gt=0)
+        "clamped to it, prompts that fill it are rejected. Must be > 0.", gt=0,
+        le=MAX_CONTEXT_LENGTH)
     max_concurrent_requests: int = setting(
         DEFAULT_MAX_CONCURRENT_REQUESTS, "Generate streams served at once; one more is refused "
-        "with RESOURCE_EXHAUSTED.", gt=0)
+        "with RESOURCE_EXHAUSTED.", gt=0, le=MAX_CONCURRENT_REQUESTS)
     speedup_ratio: float | None = setting(
         None, "Divide every modeled time by this; 0 = never sleep (instant engine). Overrides "
         "the engine args.", ge=0, default_text=ENGINE_SPEEDUP_DEFAULT_TEXT)
@@ -118,7 +126,8 @@ class EngineSettings(Settings):
         negation="--no-record-requests")
     stall_timeout: float = setting(
         STALL_TIMEOUT_S, "Seconds a client may leave the response stream undrained before the "
-        "request is aborted with an OVERLOADED (retryable) error.", gt=0)
+        "request is aborted with an OVERLOADED (retryable) error.", gt=0,
+        le=MAX_SECONDS)
     stream_interval: int = setting(
         DEFAULT_STREAM_INTERVAL, "Tokens per TokenOutput message: 1 = every engine step is its "
         "own message; N = every N tokens plus the last ones (like vLLM --stream-interval, "
@@ -136,7 +145,8 @@ class EngineSettings(Settings):
         "per event-loop turn for all streams) or aio (grpc.aio, the reference). Both speak the "
         "same wire protocol.", choices=GRPC_SERVERS)
     grace: float = setting(
-        GRACE_S, "Seconds in-flight requests get to finish on SIGTERM/SIGINT.", ge=0)
+        GRACE_S, "Seconds in-flight requests get to finish on SIGTERM/SIGINT.", ge=0,
+        le=MAX_SECONDS)
     log_level: str = setting(
         DEFAULT_LOG_LEVEL, "Log level (logs go to stderr).", choices=LOG_LEVELS,
         case_sensitive=False)

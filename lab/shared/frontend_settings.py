@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.shared.config_cli import Settings, setting
+from lab.shared.config_cli import MAX_SECONDS, Settings, setting
 from lab.shared.settings import (
     DEFAULT_LOG_LEVEL,
     DEFAULT_MIGRATION_LIMIT,
@@ -32,6 +32,10 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_SHUTDOWN_GRACE_S = 5.0
 #: The most times a request may migrate (the launcher's --migration-limit bound too).
 MAX_MIGRATION_LIMIT = 1000
+#: Bounds of the sizes (a mistyped huge value is refused by name).
+MAX_POOL_SIZE = 1024
+MAX_BODY_BYTES = 1 << 40
+MAX_CONNECTIONS = 1_000_000
 
 _SOCKETS = SocketSettings()
 
@@ -76,7 +80,7 @@ class FrontendSettings(Settings):
         "etcd://HOST:PORT[/prefix].", required=True)
     discovery_ttl: float = setting(
         DiscoveryTiming.ttl_s, "Seconds after which a worker record that was not refreshed "
-        "counts as expired.", gt=0)
+        "counts as expired.", gt=0, le=MAX_SECONDS)
     router: str = setting(
         DEFAULT_ROUTER, "How a worker is chosen: round-robin, least-loaded (published engine "
         "load + local in-flight), or random.", choices=ROUTERS)
@@ -86,7 +90,8 @@ class FrontendSettings(Settings):
         _SOCKETS.split_writes, "Send each request-plane REQUEST frame as two writes (header, then "
         "body) instead of one coalesced write.", negation="--coalesced-writes")
     pool_size: int = setting(
-        _SOCKETS.pool_size, "Persistent request-plane connections per worker.", ge=1)
+        _SOCKETS.pool_size, "Persistent request-plane connections per worker.", ge=1,
+        le=MAX_POOL_SIZE)
     http_nodelay: bool = setting(
         _SOCKETS.http_nodelay, "TCP_NODELAY on accepted HTTP client connections.", on_off=True)
     enforce_disagg: bool = setting(
@@ -110,19 +115,25 @@ class FrontendSettings(Settings):
         DEFAULT_MODEL, "Model name served (requests for other names get 404 unless a worker "
         "registered that model).")
     max_body_bytes: int = setting(
-        DEFAULT_MAX_BODY_BYTES, "Largest request body accepted; larger ones get 413.", ge=1)
+        DEFAULT_MAX_BODY_BYTES, "Largest request body accepted; larger ones get 413.", ge=1,
+        le=MAX_BODY_BYTES)
     idle_timeout: float = setting(
         DEFAULT_IDLE_TIMEOUT_S, "Seconds a connection may stay open with no request in progress "
-        "(idle keep-alive, or request headers still arriving) before it is closed.", ge=0.1)
+        "(idle keep-alive, or request headers still arriving) before it is closed.", ge=0.1,
+        le=MAX_SECONDS)
     body_timeout: float = setting(
         DEFAULT_BODY_TIMEOUT_S, "Seconds a request body may take to arrive after its headers; "
-        "then 408 and the connection closes.", ge=0.1)
+        "then 408 and the connection closes.", ge=0.1, le=MAX_SECONDS)
     max_connections: int = setting(
         DEFAULT_MAX_CONNECTIONS, "Open HTTP connections at most; one more gets 503 and is "
-        "closed.", ge=1)
+        "closed.", ge=1, le=MAX_CONNECTIONS)
     shutdown_grace: float = setting(
         DEFAULT_SHUTDOWN_GRACE_S, "Seconds in-flight requests may take to finish after SIGTERM.",
-        ge=0)
+        ge=0, le=MAX_SECONDS)
+    debug_endpoints: bool = setting(
+        False, "Serve GET /debug/conn (the asking connection's TCP_NODELAY and peer, for the "
+        "socket tests and Nagle experiments). Off: it is 404, like any unknown path, so that "
+        "whoever reaches the port learns nothing of its sockets.", default_text="off")
     log_level: str = setting(
         DEFAULT_LOG_LEVEL, "Log level (info logs one line per finished request).",
         choices=LOG_LEVELS, case_sensitive=False)

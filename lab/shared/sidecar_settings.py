@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from lab.shared.config_cli import Settings, setting
+from lab.shared.config_cli import MAX_SECONDS, Settings, setting
 from lab.shared.settings import (
     DEFAULT_GRPC_CLIENT,
     DEFAULT_LOG_LEVEL,
@@ -22,6 +22,10 @@ from lab.wire.address import split_address
 
 #: The smallest positive duration the timing options accept.
 MIN_SECONDS = 0.001
+#: How the sidecar's log line about its start-up wait for the engine begins, e.g. "waiting for
+#: engine 127.0.0.1:5000: connection refused since 12:01:03, attempt 7" (`lab ps` shows the
+#: latest one of a sidecar that is not ready yet).
+STARTUP_WAIT_PREFIX = "waiting for engine"
 
 
 def engine_address(value: str) -> str:
@@ -70,38 +74,46 @@ class SidecarSettings(Settings):
         "grpc.aio.", choices=GRPC_CLIENTS)
     grace_period: float = setting(
         SidecarTiming.grace_period_s, "Seconds to keep serving after withdrawing (SIGTERM), or "
-        "to drain (engine lost).", ge=0)
+        "to drain (engine lost).", ge=0, le=MAX_SECONDS)
     inflight_timeout: float = setting(
         SidecarTiming.inflight_timeout_s, "SIGTERM: seconds to wait for in-flight requests "
-        "after the grace period.", ge=0)
+        "after the grace period.", ge=0, le=MAX_SECONDS)
     startup_deadline: float = setting(
         SidecarTiming.startup_deadline_s, "Seconds to wait for the engine to answer at start-up "
-        "(then exit 1).", ge=MIN_SECONDS)
+        "(then exit 1).", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     connect_attempt_timeout: float = setting(
         SidecarTiming.connect_attempt_timeout_s, "Seconds per connection attempt; also the time "
-        "the liveness watch has to open.", ge=MIN_SECONDS)
+        "the liveness watch has to open.", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     retry_interval: float = setting(
         SidecarTiming.retry_interval_s, "Seconds between start-up connection attempts.",
-        ge=MIN_SECONDS)
+        ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     heartbeat: float = setting(
         DiscoveryTiming.heartbeat_s, "Seconds between GetLoad polls / discovery record "
-        "refreshes.", ge=MIN_SECONDS)
+        "refreshes.", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     ttl: float = setting(
         DiscoveryTiming.ttl_s, "Discovery record time-to-live in seconds (must exceed "
-        "--heartbeat).", ge=MIN_SECONDS)
+        "--heartbeat).", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     stale_load: float = setting(
         SidecarTiming.stale_load_s, "Engine lost when no fresh GetLoad sample arrived for this "
-        "long while busy.", ge=MIN_SECONDS)
+        "long while busy.", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     stall: float = setting(
         SidecarTiming.stall_s, "Seconds without token progress while requests are in flight "
         "(or, idle, without a GetLoad answer) after which the engine counts as stalled: the "
         "worker withdraws, its in-flight requests end retryable, and it registers again once "
         "the engine serves. Keep it above the longest prefill (a 32k-token prompt takes ~0.7 s "
-        "at speedup 1).", ge=MIN_SECONDS)
+        "at speedup 1).", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     probe_timeout: float = setting(
         SidecarTiming.probe_timeout_s, "Bound of one readiness probe (a one-token canary "
         "generation; on a prefill engine a GetLoad whose timestamp advances). The worker "
-        "registers only after a probe succeeds.", ge=MIN_SECONDS)
+        "registers only after a probe succeeds.", ge=MIN_SECONDS,
+        le=MAX_SECONDS)
     log_level: str = setting(DEFAULT_LOG_LEVEL, "Log level (logs go to stderr).",
                              choices=LOG_LEVELS, case_sensitive=False)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -100,3 +103,68 @@ def test_target_sweep_writes_the_run_directory(fake_url: str, tmp_path: Path) ->
     assert "server CPU is absent" in report and "external target" in report
     levels = pd.read_csv(out / "levels.csv")
     assert levels["requests"].tolist() == [12, 12] and levels["failed"].tolist() == [0, 0]
+
+
+@pytest.fixture
+def silent_url() -> Iterator[str]:
+    """A TCP server that accepts connections and never answers (nor closes them)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    listener.close()
+
+
+def test_a_target_that_never_answers_names_the_wait_and_its_option(silent_url: str,
+                                                                   tmp_path: Path) -> None:
+    code, out = run("--target", silent_url, "--model", "m", "--timeout", "1",
+                    "--out", str(tmp_path / "r"))
+    assert code == 2, out
+    (error,) = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert "'--timeout'" in error and "no answer" in error and "1 s" in error, out
+    assert "TimeoutError: " not in error, out
+
+
+def test_every_sweep_and_client_setting_parses_back_from_its_argv(tmp_path: Path) -> None:
+    """Each field set to a value other than its default, written as argv (to_argv) and parsed
+    by the real `lab sweep`: the same settings (the generated options and the models agree)."""
+    from lab.commands.sweep_settings import FaultSpec, SweepSettings
+    from lab.load.client_settings import ClientSettings
+    from lab.shared.config_cli import parse_settings
+
+    given = {
+        SweepSettings: SweepSettings(
+            conc=(2, 5), isl=64, osl=16, isl_stddev=1.5, osl_stddev=2.5, requests=40,
+            warmup=3, repeat=2, seed=9, shared_prefix=8, prompt_kind="text", endpoint="chat",
+            out=tmp_path / "run", target="http://127.0.0.1:9", server_pids={"me": os.getpid()},
+            slo_ttft_ms=50.0, slo_latency_ms=900.0, slo_itl_ms=5.0, knee_threshold=0.25,
+            compare_disagg=True, faults=(FaultSpec("engine-0", "kill", 1.5),), no_plots=True,
+            quiet=True),
+        ClientSettings: ClientSettings(client_procs=2, fresh_connection=True,
+                                       in_process_client=True, gap_ms=3.5, timeout=12.0),
+    }
+    timed = SweepSettings(duration=5.0)  # --duration is the alternative to --requests
+    for model, settings in [*given.items(), (SweepSettings, timed)]:
+        with sweep.make_context("sweep", settings.to_argv()) as ctx:
+            assert parse_settings(model, ctx.params) == settings
+    for model, settings in given.items():
+        left_out = set(model.model_fields) - set(settings.model_fields_set)
+        assert left_out <= {"duration"}, left_out
+    with sweep.make_context("sweep", []) as ctx:  # the defaults, through click
+        assert parse_settings(SweepSettings, ctx.params) == SweepSettings()
+        assert parse_settings(ClientSettings, ctx.params) == ClientSettings()
+        assert SweepSettings().conc == (1, 32, 128, 256)

@@ -27,6 +27,7 @@ from tests.usage_errors import assert_usage_error, usage_cases
     "--rate 5 --arrival uniform",
     ("--max-concurrency 4", "--rate"),
     "--rate 5 --max-concurrency 0",
+    ("--rate 5 --conc 4", "--conc"),
 )
 def test_bad_open_loop_options_are_usage_errors(args: list[str], named: str) -> None:
     result = CliRunner().invoke(sweep, args)

@@ -43,7 +43,7 @@ FAST = """
 speedup = 0
 grace_s = 8
 extra_sidecar_args = ["--grace-period", "0.3"]
-extra_frontend_args = ["--shutdown-grace", "0.3"]
+extra_frontend_args = ["--shutdown-grace", "0.3", "--debug-endpoints"]
 """
 
 

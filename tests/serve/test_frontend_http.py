@@ -564,7 +564,8 @@ async def test_one_log_line_per_request_names_both_workers(
 @pytest.mark.parametrize("nodelay", [True, False])
 async def test_http_nodelay_reaches_accepted_socket(nodelay: bool) -> None:
     fleet = FakeFleet(FakeWorker("w0"))
-    async with frontend(fleet, sockets=SocketSettings(http_nodelay=nodelay)) as url:
+    async with frontend(fleet, sockets=SocketSettings(http_nodelay=nodelay),
+                        debug_endpoints=True) as url:
         status, raw = await get(url, "/debug/conn")
     assert status == 200
     assert orjson.loads(raw)["tcp_nodelay"] == int(nodelay)

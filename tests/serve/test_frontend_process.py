@@ -220,7 +220,8 @@ async def test_expired_worker_gets_no_requests(spawn: Any, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("nodelay", ["on", "off"])
 async def test_http_nodelay_flag_on_the_process(spawn: Any, tmp_path: Path, nodelay: str) -> None:
-    _, url = start_frontend(spawn, tmp_path / "disc", "--http-nodelay", nodelay)
+    _, url = start_frontend(spawn, tmp_path / "disc", "--http-nodelay", nodelay,
+                            "--debug-endpoints")
     async with aiohttp.ClientSession() as session, session.get(url + "/debug/conn") as resp:
         body = await resp.json()
     assert body["tcp_nodelay"] == (1 if nodelay == "on" else 0)
@@ -273,3 +274,13 @@ def test_cli_help_documents_every_option() -> None:
         "--shutdown-grace",
     ):
         assert flag in result.output
+
+
+async def test_debug_conn_is_served_only_when_asked(spawn: Any, tmp_path: Path) -> None:
+    """/debug/conn tells anyone who reaches the port about its sockets: off by default."""
+    _, url = start_frontend(spawn, tmp_path / "disc")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "/debug/conn") as resp:
+            assert resp.status == 404
+        async with session.get(url + "/health") as resp:  # the frontend itself answers
+            assert resp.status in (200, 503)

@@ -1,8 +1,9 @@
 """The aiohttp application: OpenAI endpoints, health, metrics.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /live, GET /metrics, GET /debug/conn (this connection's TCP_NODELAY, for tests and the
-Nagle experiments).
+GET /live, GET /metrics, and with `--debug-endpoints` GET /debug/conn (this connection's
+TCP_NODELAY, for tests and the Nagle experiments; off by default, as the engine's admin service
+is).
 
 Streaming responses send their headers together with the first event, so an error that
 happens before the first token (no worker, invalid request found by the engine, ...) still gets
@@ -149,7 +150,8 @@ class FrontendApp:
         app.router.add_get("/health", self.health)
         app.router.add_get("/live", self.live)
         app.router.add_get("/metrics", self.metrics_handler)
-        app.router.add_get("/debug/conn", self.debug_conn)
+        if self.config.debug_endpoints:
+            app.router.add_get("/debug/conn", self.debug_conn)
         return app
 
     # --- plain endpoints -----------------------------------------------------------------------

@@ -59,6 +59,7 @@ def frontend(settings: FrontendSettings) -> None:
         idle_timeout_s=s.idle_timeout,
         body_timeout_s=s.body_timeout,
         max_connections=s.max_connections,
+        debug_endpoints=s.debug_endpoints,
     )
     logging.basicConfig(
         stream=sys.stderr,

@@ -44,4 +44,5 @@ class FrontendConfig:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    debug_endpoints: bool = False  # GET /debug/conn
     frontend_id: str = "frontend"

@@ -17,6 +17,8 @@ import grpc
 
 from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
 from lab.shared.settings import DEFAULT_GRPC_CLIENT, DEFAULT_MODEL
+from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
+from lab.wire.address import split_address
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
 from lab.wire.gen.openengine.v1 import (
     lifecycle_pb2,
@@ -30,11 +32,61 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = MAX_GRPC_MESSAGE_BYTES
 CONTROL_TIMEOUT_S = 30.0  # one-shot control RPCs (GetModelInfo, Abort)
-RETRY_LOG_EVERY_S = 30.0
+#: How often the start-up wait logs while the reason stays the same (`lab ps` shows the latest).
+RETRY_LOG_EVERY_S = 10.0
 
 
 class StartupError(RuntimeError):
     """The engine cannot be used (unreachable by the deadline, or incomplete model info)."""
+
+
+async def tcp_refusal(target: str, timeout_s: float) -> str | None:
+    """Why the engine's port takes no TCP connection ("connection refused", ...), or None when
+    it accepts one (the connection is closed at once)."""
+    host, port = split_address(target)
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        return f"no TCP answer within {timeout_s:g} s"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except OSError as exc:
+        return exc.strerror.lower() if exc.strerror else type(exc).__name__
+    writer.close()
+    return None
+
+
+class StartupWait:
+    """What the start-up wait for the engine says in the log: the reason, since when (wall
+    clock) and the attempt count, once at the first failure, again when the reason changes, and
+    every RETRY_LOG_EVERY_S. `lab ps` shows the latest such line for a sidecar not yet ready."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.attempts = 0
+        self.reason: str | None = None
+        self.since = ""
+        self._last_log = float("-inf")
+
+    def failed(self, reason: str) -> None:
+        self.attempts += 1
+        now = time.monotonic()
+        if reason != self.reason:
+            self.reason = reason
+            self.since = time.strftime("%H:%M:%S")
+            self._last_log = float("-inf")
+        if now - self._last_log >= RETRY_LOG_EVERY_S:
+            self._last_log = now
+            log.info("%s", self.line())
+
+    def line(self) -> str:
+        return f"{STARTUP_WAIT_PREFIX} {self.target}: {self.summary()}"
+
+    def summary(self) -> str:
+        if self.reason is None:
+            return f"{self.attempts} attempts"
+        return f"{self.reason} since {self.since}, attempt {self.attempts}"
 
 
 @dataclass(frozen=True)
@@ -114,32 +166,30 @@ class EngineLink:
     async def _server_info(
         self, deadline: float, attempt_timeout_s: float, retry_interval_s: float
     ) -> server_pb2.ServerInfo:
-        last_log = -RETRY_LOG_EVERY_S
-        attempts = 0
+        """GetServerInfo, retried until `deadline`. Each attempt first checks that the engine's
+        port accepts a TCP connection, so that the wait can say why (connection refused, no
+        answer) instead of a bare DEADLINE_EXCEEDED, and an engine that is gone costs a connect
+        per retry interval rather than a gRPC attempt timeout."""
+        wait = StartupWait(self.target)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise StartupError(
                     f"the engine at {self.target} did not answer GetServerInfo within the "
-                    f"start-up deadline ({attempts} attempts)"
+                    f"start-up deadline ({wait.summary()})"
                 )
-            attempts += 1
-            try:
-                return await self.control.GetServerInfo(
-                    server_pb2.GetServerInfoRequest(),
-                    timeout=min(attempt_timeout_s, remaining),
-                    wait_for_ready=True,
-                )
-            except grpc.aio.AioRpcError as exc:
-                now = time.monotonic()
-                if now - last_log >= RETRY_LOG_EVERY_S:
-                    last_log = now
-                    log.info(
-                        "waiting for the engine at %s (attempt %d): %s",
-                        self.target,
-                        attempts,
-                        exc.code().name,
+            attempt_s = min(attempt_timeout_s, remaining)
+            reason = await tcp_refusal(self.target, attempt_s)
+            if reason is None:
+                try:
+                    return await self.control.GetServerInfo(
+                        server_pb2.GetServerInfoRequest(),
+                        timeout=attempt_s,
+                        wait_for_ready=True,
                     )
+                except grpc.aio.AioRpcError as exc:
+                    reason = f"GetServerInfo failed: {exc.code().name}"
+            wait.failed(reason)
             await asyncio.sleep(min(retry_interval_s, max(0.0, deadline - time.monotonic())))
 
     async def load(self, timeout_s: float) -> server_pb2.LoadInfo:

@@ -1,0 +1,40 @@
+"""The load client's settings on the command line (`lab sweep`), defined once: each field's default
+comes from `lab.load.client.ClientOptions`, and `to_options()` is what the client runs on."""
+
+from __future__ import annotations
+
+from lab.load.client import ClientOptions
+from lab.shared.config_cli import MAX_SECONDS, Settings, setting
+
+#: The most requests in flight one level may ask for (--conc, --max-concurrency): each holds a
+#: connection and its buffers.
+MAX_CONCURRENCY = 10_000
+
+_DEFAULTS = ClientOptions()
+#: The most client processes one level may be spread over.
+MAX_CLIENT_PROCS = 256
+
+
+class ClientSettings(Settings):
+    """How `lab sweep`'s load client sends (per request and per process)."""
+
+    client_procs: int = setting(
+        _DEFAULTS.procs, "Spread each level over K client processes.", ge=1,
+        le=MAX_CLIENT_PROCS, metavar="K")
+    fresh_connection: bool = setting(
+        _DEFAULTS.fresh_connection, "Open a new HTTP connection per request (default: "
+        "keep-alive, one pool).")
+    in_process_client: bool = setting(
+        not _DEFAULTS.isolate, "Run the load client inside the sweep process (default: a child "
+        "process, so the client's CPU and loop-lag figures are its own, not the launcher's).")
+    gap_ms: float = setting(
+        _DEFAULTS.gap_ms, "Idle time between a slot's response and its next request.", ge=0,
+        le=MAX_SECONDS * 1000)
+    timeout: float = setting(
+        _DEFAULTS.timeout_s, "Per-request timeout (also bounds the --target probe, at most "
+        "30 s).", gt=0, le=MAX_SECONDS, metavar="SECONDS")
+
+    def to_options(self) -> ClientOptions:
+        return ClientOptions(fresh_connection=self.fresh_connection, gap_ms=self.gap_ms,
+                             timeout_s=self.timeout, procs=self.client_procs,
+                             isolate=not self.in_process_client)
