@@ -7,17 +7,20 @@ between streamed tokens without the passes that held another request's prefill; 
 `lab.calibrate.probes.decode_step_ms`). A gap between two tokens of one stream is one engine
 pass, and the path's per-token cost is pipelined, so it does not add to the gap.
 
-Prefill: each concurrency-1 ``context`` probe gives one knot at its prompt length T:
+Prefill and path: each concurrency-1 ``context`` probe at prompt length T gives
 
-    prefill(T) = TTFT(T) - lab_path(T) - first_decode(T)
+    rest(T) = TTFT(T) - lab_path(T) - first_decode(T)
 
 `lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured
 on a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
 decode step the lab mocker charges for the first token under the ``trtllm`` policy (none
-under ``vllm``). So the knot is what the lab mocker must spend so that the lab's stack shows
-the target's TTFT. The target's own path is folded into the knot: a constant per request at
-concurrency 1, which the fit cannot tell apart from a constant part of the target's prefill
-(docs/fidelity.md).
+under ``vllm``). `rest(T)` is the target's prefill plus whatever of its own path exceeds the
+lab's. The ``overlap`` probe at T separates the two: its prefill gap (a pass that held one
+T-token prefill, seen from another stream, minus a plain pass) is the engine's prefill alone.
+So prefill(T) = that gap, and request(T) = rest(T) - prefill(T), a per-request latency that
+holds no engine pass (the profile's ``request`` rows). Without an overlap gap at T, the
+prefill knot is rest(T): the target's path is then charged per pass, which is right at
+concurrency 1 and too much once passes batch several requests (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Fit:
     prefill: list[Knot]
     decode: list[Knot]
     lab_path_ms: dict[int, float]
+    #: the target's path beyond the lab's, per prompt length (needs the overlap probes)
+    request: list[Knot] = field(default_factory=list)
     prefix_cache: bool | None = None  # None: no prefix probe
     prefix_saving_share: float | None = None
     warnings: list[str] = field(default_factory=list)
@@ -66,6 +71,12 @@ class Fit:
         """What the lab mocker will charge for a pass of `tokens` new prompt tokens."""
         return max(self.prefill_fn()(tokens), 0.0) if tokens > 0 else 0.0
 
+    def request_ms(self, prompt_tokens: float) -> float:
+        """The per-request latency the lab mocker will add (0 without request knots)."""
+        if not self.request:
+            return 0.0
+        return max(Interp1D([(k.tokens, k.ms) for k in self.request])(prompt_tokens), 0.0)
+
     def decode_ms(self, kv_tokens: float) -> float:
         return max(self.decode_fn()(kv_tokens), DECODE_FLOOR_MS)
 
@@ -74,7 +85,8 @@ class Fit:
         extrapolated from the other knots). A large residual says the curve bends between the
         probe points more than a straight segment does: probe more lengths there."""
         out = []
-        for kind, knots in (("prefill", self.prefill), ("decode", self.decode)):
+        for kind, knots in (("prefill", self.prefill), ("decode", self.decode),
+                            ("request", self.request)):
             for i, k in enumerate(knots):
                 others = [(o.tokens, o.ms) for j, o in enumerate(knots) if j != i]
                 loo = Interp1D(others)(k.tokens) if others else math.nan
@@ -89,6 +101,7 @@ class Fit:
         return {"engine_type": self.engine_type,
                 "prefill": [k.__dict__ for k in self.prefill],
                 "decode": [k.__dict__ for k in self.decode],
+                "request": [k.__dict__ for k in self.request],
                 "lab_path_ms": {str(k): v for k, v in self.lab_path_ms.items()},
                 "prefix_cache": self.prefix_cache,
                 "prefix_saving_share": self.prefix_saving_share,
@@ -121,6 +134,26 @@ def _merge(knots: list[Knot]) -> list[Knot]:
     return out
 
 
+def _monotone(knots: list[Knot]) -> list[Knot]:
+    """The decode knots made non-decreasing in KV tokens (pool adjacent violators: a run of
+    knots that falls is replaced by its mean). More KV never makes a step cheaper; a fall is
+    probes at similar KV disagreeing (e.g. 64 streams lagging in the path vs 2 streams)."""
+    blocks: list[list[Knot]] = []
+    for k in knots:
+        blocks.append([k])
+        while len(blocks) > 1 and (sum(x.ms for x in blocks[-2]) / len(blocks[-2])
+                                   > sum(x.ms for x in blocks[-1]) / len(blocks[-1])):
+            last = blocks.pop()
+            blocks[-1].extend(last)
+    out = []
+    for block in blocks:
+        mean = sum(x.ms for x in block) / len(block)
+        for x in block:
+            out.append(x if len(block) == 1 else Knot(x.kind, x.tokens, mean, x.source,
+                                                      x.raw_ms, "pooled (non-decreasing)"))
+    return out
+
+
 def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
                 engine_type: str = "trtllm") -> Fit:
     """Knots of the profile from the probe results (see the module docstring).
@@ -141,10 +174,14 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
     if not decode:
         raise ValueError("no probe measured a gap between streamed tokens (is --osl of the "
                          "probes above 1, and does the target stream one token per event?)")
-    decode = _merge(decode)
+    decode = _monotone(_merge(decode))
     dfn = Interp1D([(k.tokens, k.ms) for k in decode])
 
+    # a held gap no longer than a plain one is a measured 0: that prefill blocks nobody
+    overlap = {r.probe.isl: max(r.prefill_gap_ms, 0.0) for r in results
+               if r.probe.kind == "overlap" and math.isfinite(r.prefill_gap_ms)}
     prefill: list[Knot] = []
+    request: list[Knot] = []
     for r in results:
         if r.probe.kind != "context":
             continue
@@ -154,18 +191,31 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
         t = float(r.probe.isl)
         first = max(dfn(t), DECODE_FLOOR_MS) if engine_type == "trtllm" else 0.0
         path = path_at(lab_path_ms, t)
-        ms = r.ttft_ms_p50 - path - first
-        note = (f"TTFT {r.ttft_ms_p50:.2f} - lab path {path:.2f} - first decode step "
-                f"{first:.2f}")
-        if ms < 0:
+        rest = r.ttft_ms_p50 - path - first  # the target's prefill plus its own path
+        if rest < 0:
             warnings.append(f"{r.probe.name}: TTFT {r.ttft_ms_p50:.2f} ms is below the lab's "
                             f"path + first decode step ({path + first:.2f} ms): prefill set to 0 "
                             "(the target is faster than the lab can be at this length)")
-            ms = 0.0
-        prefill.append(Knot("prefill", t, ms, r.probe.name, r.ttft_ms_p50, note))
+            rest = 0.0
+        engine_ms = overlap.get(r.probe.isl)
+        if engine_ms is None:
+            if overlap or any(x.probe.kind == "overlap" for x in results):
+                warnings.append(f"{r.probe.name}: no overlap gap at {t:g} tokens: its prefill "
+                                "knot keeps the target's path")
+            prefill.append(Knot("prefill", t, rest, r.probe.name, r.ttft_ms_p50,
+                                f"TTFT {r.ttft_ms_p50:.2f} - lab path {path:.2f} - first "
+                                f"decode step {first:.2f}"))
+            continue
+        ms = min(engine_ms, rest)
+        prefill.append(Knot("prefill", t, ms, f"overlap-isl{r.probe.isl}", engine_ms,
+                            "a pass seen from another stream"))
+        request.append(Knot("request", t, rest - ms, r.probe.name, r.ttft_ms_p50,
+                            f"TTFT {r.ttft_ms_p50:.2f} - lab path {path:.2f} - first decode "
+                            f"step {first:.2f} - prefill {ms:.2f}"))
     if not prefill:
         raise ValueError("no concurrency-1 context probe measured a TTFT: cannot fit prefill")
-    fit = Fit(engine_type, _merge(prefill), decode, dict(lab_path_ms), warnings=warnings)
+    fit = Fit(engine_type, _merge(prefill), decode, dict(lab_path_ms), _merge(request),
+              warnings=warnings)
     _prefix_effect(fit, results)
     return fit
 
@@ -182,7 +232,7 @@ def _prefix_effect(fit: Fit, results: Sequence[ProbeResult]) -> None:
                                 "prefix-cache effect cannot be measured")
             return
         first = fit.decode_ms(t) if fit.engine_type == "trtllm" else 0.0
-        fresh = path_at(fit.lab_path_ms, t) + prefill + first
+        fresh = path_at(fit.lab_path_ms, t) + fit.request_ms(t) + prefill + first
         fit.prefix_saving_share = (fresh - r.ttft_ms_p50) / prefill
         fit.prefix_cache = fit.prefix_saving_share >= PREFIX_CACHE_SHARE
         return
@@ -191,11 +241,12 @@ def _prefix_effect(fit: Fit, results: Sequence[ProbeResult]) -> None:
 def write_profile(fit: Fit, path: Path) -> Path:
     """The CSV the mocker's `profile` timing model reads (header kind,tokens,ms)."""
     with open(path, "w", newline="") as f:
-        f.write("# lab calibrate: prefill from TTFT at concurrency 1 (minus the lab's path and "
-                "first decode step), decode from the mean token gap without prefill passes\n")
+        f.write("# lab calibrate: prefill from a pass seen from another stream (or TTFT at "
+                "concurrency 1 minus the lab's path and first decode step), decode from the "
+                "mean token gap without prefill passes, request = the rest of TTFT\n")
         w = csv.writer(f)
         w.writerow(PROFILE_COLUMNS)
-        for k in fit.prefill + fit.decode:
+        for k in fit.prefill + fit.decode + fit.request:
             w.writerow([k.kind, f"{k.tokens:g}", f"{k.ms:.6g}"])
     return path
 

@@ -6,9 +6,14 @@ sub-directory of the run (`probes/<name>/`, laid out like a `lab sweep` run):
 * ``context``: concurrency 1 at each prompt length of `context_isl`: its TTFT is the path plus
   the prefill of that many tokens (plus the first token's decode step), its ITL is one decode
   step at about `isl + osl / 2` KV tokens;
-* ``batch``: the concurrency levels of `batch_conc` at `batch_isl`: the mean gap between
+* ``batch``: the concurrency levels of `batch_conc` at each of `batch_isl`: the mean gap between
   streamed tokens, without the passes that held a prefill, is one decode step at about
   `concurrency x (isl + osl / 2)` KV tokens;
+* ``overlap``: concurrency 2 at each prompt length of `context_isl`, output lengths spread
+  (`osl_stddev`) so that the two streams fall out of step: a gap of one stream during which
+  the other's first token arrived is a pass that held that prompt's prefill; minus the
+  stream's plain gaps, it is the engine's prefill time alone, without any HTTP or routing path
+  (which the other stream does not wait for);
 * ``prefix``: concurrency 1 sending one prompt again and again (`shared_prefix = isl`): its TTFT
   beside the ``context`` probe of the same length shows whether the target caches prefixes.
 
@@ -35,11 +40,13 @@ DEFAULT_CONTEXT_ISL = (64, 256, 1024, 4096)
 DEFAULT_CONTEXT_OSL = 32
 DEFAULT_CONTEXT_REQUESTS = 8
 DEFAULT_BATCH_CONC = (1, 8, 32, 64, 128)
-DEFAULT_BATCH_ISL = 64
+DEFAULT_BATCH_ISL = (64, 1024)  # the second reaches the KV of long prompts at high concurrency
 DEFAULT_BATCH_OSL = 128
 DEFAULT_BATCH_ROUNDS = 2
 DEFAULT_PREFIX_ISL = 1024
-KINDS = ("context", "batch", "prefix")
+DEFAULT_OVERLAP_OSL = 64
+DEFAULT_OVERLAP_REQUESTS = 16
+KINDS = ("context", "overlap", "batch", "prefix")
 
 
 @dataclass(frozen=True)
@@ -71,10 +78,12 @@ class ProbeSet:
     context_osl: int = DEFAULT_CONTEXT_OSL
     context_requests: int = DEFAULT_CONTEXT_REQUESTS
     batch_conc: tuple[int, ...] = DEFAULT_BATCH_CONC
-    batch_isl: int = DEFAULT_BATCH_ISL
+    batch_isl: tuple[int, ...] = DEFAULT_BATCH_ISL
     batch_osl: int = DEFAULT_BATCH_OSL
     batch_rounds: int = DEFAULT_BATCH_ROUNDS  # measured requests per level = rounds x conc
     prefix_isl: int | None = DEFAULT_PREFIX_ISL  # None: no prefix probe
+    overlap_osl: int | None = DEFAULT_OVERLAP_OSL  # None: no overlap probes
+    overlap_requests: int = DEFAULT_OVERLAP_REQUESTS
 
     def probes(self) -> list[Probe]:
         out: list[Probe] = []
@@ -83,10 +92,16 @@ class ProbeSet:
             seed += 1
             out.append(Probe("context", isl, self.context_osl, 1, self.context_requests, 1,
                              seed))
-        for c in self.batch_conc:
-            seed += 1
-            out.append(Probe("batch", self.batch_isl, self.batch_osl, c,
-                             max(self.batch_rounds * c, self.context_requests), c, seed))
+        if self.overlap_osl is not None:
+            for isl in self.context_isl:
+                seed += 1
+                out.append(Probe("overlap", isl, self.overlap_osl, 2, self.overlap_requests, 2,
+                                 seed))
+        for isl in self.batch_isl:
+            for c in self.batch_conc:
+                seed += 1
+                out.append(Probe("batch", isl, self.batch_osl, c,
+                                 max(self.batch_rounds * c, self.context_requests), c, seed))
         if self.prefix_isl is not None:
             seed += 1
             out.append(Probe("prefix", self.prefix_isl, self.context_osl, 1,
@@ -109,6 +124,7 @@ class ProbeResult:
     ok: int
     failed: int
     cached_tokens_mean: float | None = None
+    prefill_gap_ms: float = math.nan  # overlap probes: prefill_gap_ms()
     run_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -136,27 +152,56 @@ def decode_step_ms(requests: pd.DataFrame) -> float:
     median over requests, so one request slowed by a neighbour's CPU burst does not move it."""
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
+    per_request = [float(gaps[hits == 0].mean()) / 1e6 for gaps, hits in _stream_gaps(requests)
+                   if (hits == 0).any()]
+    return float(np.median(per_request)) if per_request else math.nan
+
+
+def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per measured request: (its token gaps in ns, how many other requests' first tokens came
+    from the pass of each gap).
+
+    Another request's first token comes from the same pass end as one of this stream's tokens,
+    and which of the two the client reads first is chance: the pass is the gap that ends at
+    the stream's token nearest to it (not the gap the stamp happens to fall in)."""
     ok = requests[requests["ok"].astype(bool)]
     firsts = np.sort(pd.to_numeric(ok["first_ns"], errors="coerce").dropna()
                      .to_numpy(dtype=np.int64))
-    per_request = []
+    out = []
     for row in ok[~ok["warmup"].astype(bool)].itertuples():
         t = np.asarray(row.chunk_times_ns if row.chunk_times_ns is not None else [],
                        dtype=np.int64)
         if t.size < 2:
             continue
-        starts, ends = t[:-1], t[1:]
-        # other requests' first tokens inside (start, end]
-        hits = (np.searchsorted(firsts, ends, side="right")
-                - np.searchsorted(firsts, starts, side="right"))
-        keep = hits == 0
-        if keep.any():
-            per_request.append(float((ends - starts)[keep].mean()) / 1e6)
-    return float(np.median(per_request)) if per_request else math.nan
+        gaps = np.diff(t)
+        half_last = gaps[-1] // 2
+        others = firsts[(firsts > t[0]) & (firsts <= t[-1] + half_last)]
+        idx = np.clip(np.searchsorted(t, others), 1, t.size - 1)
+        nearer_left = (others - t[idx - 1]) < (t[idx] - others)
+        end = np.where(nearer_left & (idx > 1), idx - 1, idx)  # the token ending the pass
+        hits = np.bincount(end - 1, minlength=gaps.size)[: gaps.size]
+        out.append((gaps, hits))
+    return out
+
+
+def prefill_gap_ms(requests: pd.DataFrame) -> float:
+    """The engine's prefill of one prompt, seen from another stream (ms): the median gap that
+    held exactly one other request's first token, minus the median of the streams' plain
+    gaps. NaN when no gap held one (the streams stayed in step)."""
+    if requests.empty or "chunk_times_ns" not in requests:
+        return math.nan
+    held, plain = [], []
+    for gaps, hits in _stream_gaps(requests):
+        held.extend(gaps[hits == 1].tolist())
+        plain.extend(gaps[hits == 0].tolist())
+    if not held or not plain:
+        return math.nan
+    return (float(np.median(held)) - float(np.median(plain))) / 1e6
 
 
 def workload_of(probe: Probe, base: WorkloadSpec) -> WorkloadSpec:
-    return replace(base, isl=probe.isl, osl=probe.osl, isl_stddev=0.0, osl_stddev=0.0,
+    return replace(base, isl=probe.isl, osl=probe.osl, isl_stddev=0.0,
+                   osl_stddev=probe.osl / 4.0 if probe.kind == "overlap" else 0.0,
                    seed=probe.seed, shared_prefix=probe.isl if probe.kind == "prefix" else 0)
 
 
@@ -172,10 +217,12 @@ async def run_probe(probe: Probe, url: str, model: str, base: WorkloadSpec, out_
 
     levels = rundir.read_json(out_dir / "levels.json", [])
     row = levels[0] if levels else {}
+    requests = rundir.read_requests(out_dir)
     return ProbeResult(
         probe=probe, ttft_ms_p50=_num(row.get("ttft_ms_p50")),
         itl_ms_p50=_num(row.get("itl_ms_p50")),
-        decode_step_ms=decode_step_ms(rundir.read_requests(out_dir)),
+        decode_step_ms=decode_step_ms(requests),
+        prefill_gap_ms=prefill_gap_ms(requests) if probe.kind == "overlap" else math.nan,
         latency_ms_p50=_num(row.get("latency_ms_p50")), ok=int(row.get("ok") or 0),
         failed=int(row.get("failed") or 0),
         cached_tokens_mean=(None if row.get("cached_tokens_mean") is None

@@ -43,15 +43,21 @@ def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
         lines += [f"Prefix cache: the repeated prompt saved {100 * fit.prefix_saving_share:.0f}% "
                   f"of the fitted prefill -> `enable_prefix_caching: "
                   f"{str(fit.prefix_cache).lower()}`.", ""]
-    t0 = min(fit.lab_path_ms) if fit.lab_path_ms else None
-    if t0 is not None:
-        lines += ["## Path and prefill", "",
-                  f"At {t0} prompt tokens the target's TTFT is "
-                  f"{fnum(_ttft_at(results, t0), 2)} ms; the lab's own path is "
-                  f"{path_at(fit.lab_path_ms, t0):.2f} ms of it; the rest, "
-                  f"{fit.prefill_ms(t0):.2f} ms, is the fitted prefill, which also holds the "
-                  "target's own HTTP and routing path (a constant per request at concurrency 1, "
-                  "not separable from a constant part of prefill).", ""]
+    lines += ["## Path and prefill", ""]
+    for k in fit.prefill:
+        t = int(k.tokens)
+        ttft = _ttft_at(results, t)
+        if k.source.startswith("overlap"):
+            lines.append(f"- {t} tokens: target TTFT {fnum(ttft, 2)} ms = lab path "
+                         f"{path_at(fit.lab_path_ms, t):.2f} + prefill {k.ms:.2f} (a pass seen "
+                         f"from another stream) + the target's path beyond the lab's "
+                         f"{fit.request_ms(t):.2f} (a per-request latency, no pass)"
+                         + (f" + first decode step {fit.decode_ms(t):.2f}"
+                            if fit.engine_type == "trtllm" else "") + ".")
+        else:
+            lines.append(f"- {t} tokens: target TTFT {fnum(ttft, 2)} ms; no overlap gap, so the "
+                         f"prefill knot {k.ms:.2f} ms also holds the target's own path.")
+    lines.append("")
     if fit.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in fit.warnings] + [""]
     if plot is not None:

@@ -70,12 +70,21 @@ def make_dir(name: str, out: Path | None) -> Path:
 @click.option("--context-requests", type=click.IntRange(1, 100_000),
               default=P.DEFAULT_CONTEXT_REQUESTS, show_default=True,
               help="Measured requests per concurrency-1 probe.")
+@click.option("--overlap-osl", type=click.IntRange(0, 100_000), default=P.DEFAULT_OVERLAP_OSL,
+              show_default=True,
+              help="Mean output tokens of the concurrency-2 overlap probes at each "
+              "--context-isl (the engine's prefill seen from another stream, which separates it "
+              "from the target's HTTP and routing path); 0 = none.")
+@click.option("--overlap-requests", type=click.IntRange(2, 100_000),
+              default=P.DEFAULT_OVERLAP_REQUESTS, show_default=True,
+              help="Measured requests per overlap probe.")
 @click.option("--batch-conc", default=",".join(map(str, P.DEFAULT_BATCH_CONC)),
               show_default=True, metavar="LIST",
               help="Concurrency levels of the decode probes (decode step time over the batch's "
               "KV tokens, from the token gaps without prefill).")
-@click.option("--batch-isl", type=click.IntRange(1, 1_000_000), default=P.DEFAULT_BATCH_ISL,
-              show_default=True, help="Prompt tokens of the decode probes.")
+@click.option("--batch-isl", default=",".join(map(str, P.DEFAULT_BATCH_ISL)), show_default=True,
+              metavar="LIST", help="Prompt lengths of the decode probes (each at every "
+              "--batch-conc).")
 @click.option("--batch-osl", type=click.IntRange(2, 100_000), default=P.DEFAULT_BATCH_OSL,
               show_default=True, help="Output tokens of the decode probes (long enough that "
               "most engine passes carry no prefill).")
@@ -107,15 +116,18 @@ def make_dir(name: str, out: Path | None) -> Path:
 def calibrate(**kw: Any) -> None:
     """Measure a real stack at --target and fit the lab mocker's timing to it.
 
-    Probes (each a closed-loop level, concurrency 1 unless said): TTFT over --context-isl
-    gives prefill; token gaps over context length and over --batch-conc give the decode step
-    time as a function of active KV tokens; one repeated prompt shows the prefix-cache effect.
+    Probes (each a closed-loop level, concurrency 1 unless said): TTFT over --context-isl;
+    at each of those lengths two streams out of step (concurrency 2), where one stream's gap
+    that held the other's prefill is the engine's prefill alone; token gaps over context length
+    and over --batch-conc give the decode step time as a function of active KV tokens; one
+    repeated prompt shows the prefix-cache effect.
 
-    The target's TTFT holds its HTTP and routing path as well as its prefill. The fit subtracts
-    the lab's own path (measured on a lab stack whose engine takes a known time) so that the
-    lab stack, run with the fitted engine args, shows the target's TTFT; the target's path is
-    folded into the prefill curve (a per-request constant at concurrency 1 that the probes
-    cannot tell apart from a constant part of prefill; see docs/fidelity.md).
+    The target's TTFT holds its HTTP and routing path as well as its prefill. The profile's
+    prefill is the overlap gap (no path in it); the rest of TTFT, minus the lab's own path
+    (measured on a lab stack whose engine takes a known time), becomes the profile's
+    per-request latency, which holds no engine pass. What it cannot tell apart: queueing in
+    the target's path from a per-request engine cost that does not block other requests
+    (see docs/fidelity.md).
 
     Writes RUN/: probes/<probe>/ (a sweep run directory each), lab-path/, profile.csv (the
     `profile` timing model), engine-args.json (use it with `lab sweep --engine-args`, `lab up`
@@ -124,9 +136,11 @@ def calibrate(**kw: Any) -> None:
     probe_set = P.ProbeSet(
         context_isl=parse_ints(kw["context_isl"], "--context-isl"),
         context_osl=kw["context_osl"], context_requests=kw["context_requests"],
-        batch_conc=parse_ints(kw["batch_conc"], "--batch-conc"), batch_isl=kw["batch_isl"],
+        batch_conc=parse_ints(kw["batch_conc"], "--batch-conc"),
+        batch_isl=parse_ints(kw["batch_isl"], "--batch-isl"),
         batch_osl=kw["batch_osl"], batch_rounds=kw["batch_rounds"],
-        prefix_isl=kw["prefix_isl"] or None)
+        prefix_isl=kw["prefix_isl"] or None, overlap_osl=kw["overlap_osl"] or None,
+        overlap_requests=kw["overlap_requests"])
     if kw["lab_path_ms"] is not None and not (math.isfinite(kw["lab_path_ms"])
                                               and kw["lab_path_ms"] >= 0):
         raise click.BadParameter("must be a finite number >= 0", param_hint="'--lab-path-ms'")

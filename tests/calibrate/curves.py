@@ -28,12 +28,18 @@ def _grid(top: float, ratio: float = 1.07) -> list[float]:
     return out
 
 
+#: the target's own path beyond the lab's: a per-request latency holding no engine pass
+TRUE_REQUEST_MS = 30.0
+
+
 def write_true_engine(dir_: Path) -> Path:
-    """profile.csv sampled from the true curves, and engine-args.json that uses it."""
+    """profile.csv sampled from the true curves (plus the request latency), and
+    engine-args.json that uses it."""
     dir_.mkdir(parents=True, exist_ok=True)
     rows = ["kind,tokens,ms"]
     rows += [f"prefill,{t},{true_prefill_ms(t):.6f}" for t in _grid(20_000)]
     rows += [f"decode,{k},{true_decode_ms(k):.6f}" for k in _grid(2_000_000)]
+    rows += [f"request,1,{TRUE_REQUEST_MS}"]
     csv = dir_ / "true-profile.csv"
     csv.write_text("\n".join(rows) + "\n")
     args = dir_ / "true-engine-args.json"

@@ -71,3 +71,34 @@ def test_probe_set_gives_each_probe_its_own_seed() -> None:
     probes = ProbeSet().probes()
     assert len({p.seed for p in probes}) == len(probes)
     assert [p.kind for p in probes].count("context") == 4
+
+
+def test_overlap_gap_splits_ttft_into_prefill_and_request_latency() -> None:
+    ctx = Probe("context", 400, 8, 1, 5, 1, 1)
+    ovl = Probe("overlap", 400, 64, 2, 16, 2, 2)
+    results = [_result(ctx, 100.0, 5.0),
+               ProbeResult(ovl, math.nan, 5.0, 5.0, math.nan, 16, 0, prefill_gap_ms=60.0)]
+    fit = fit_profile(results, {400: 10.0}, "vllm")
+    assert [(k.tokens, k.ms) for k in fit.prefill] == [(400, 60.0)]
+    assert [(k.tokens, k.ms) for k in fit.request] == [(400, 30.0)]  # 100 - 10 - 60
+    assert fit.request_ms(400) == 30.0
+
+
+def test_a_prefill_that_blocks_nobody_is_all_request_latency() -> None:
+    """A held gap no longer than a plain one (the target's prefill does not hold up the other
+    stream): prefill 0, the whole rest of TTFT is per-request latency."""
+    ctx = Probe("context", 400, 8, 1, 5, 1, 1)
+    ovl = Probe("overlap", 400, 64, 2, 16, 2, 2)
+    results = [_result(ctx, 50.0, 5.0),
+               ProbeResult(ovl, math.nan, 5.0, 5.0, math.nan, 16, 0, prefill_gap_ms=-0.2)]
+    fit = fit_profile(results, {400: 6.0}, "vllm")
+    assert [k.ms for k in fit.prefill] == [0.0] and [k.ms for k in fit.request] == [44.0]
+
+
+def test_decode_knots_never_fall_with_more_kv() -> None:
+    probes = [Probe("batch", 64, 32, c, 8, c, c) for c in (1, 2, 4)]  # KV 80, 160, 320
+    results = [_result(p, math.nan, ms) for p, ms in zip(probes, (5.0, 7.0, 6.0), strict=True)]
+    ctx = Probe("context", 100, 8, 1, 5, 1, 9)
+    fit = fit_profile([*results, _result(ctx, 20.0, math.nan)], {}, "vllm")
+    assert [k.ms for k in fit.decode] == [5.0, 6.5, 6.5]
+    assert [k.raw_ms for k in fit.decode] == [5.0, 7.0, 6.0]

@@ -13,42 +13,17 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from tests.calibrate.conftest import lab
+from tests.calibrate.curves import TRUE_REQUEST_MS, true_decode_ms, true_prefill_ms
 
-from tests.calibrate.curves import true_decode_ms, true_prefill_ms, write_true_engine
-
-ROOT = Path(__file__).resolve().parents[2]
-LAB = str(Path(sys.executable).with_name("lab"))
 TOLERANCE = 0.05
 PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024", "--context-osl", "8",
           "--context-requests", "7", "--batch-conc", "1,8,32", "--batch-isl", "64",
-          "--batch-osl", "32", "--batch-rounds", "2", "--prefix-isl", "512", "--no-plots",
+          "--batch-osl", "32", "--batch-rounds", "2", "--prefix-isl", "512",
+          "--overlap-osl", "24", "--overlap-requests", "12", "--no-plots",
           "--in-process-client")
-
-
-def lab(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([LAB, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-@pytest.fixture
-def true_target(tmp_path: Path) -> Iterator[str]:
-    args = write_true_engine(tmp_path / "true")
-    stack = tmp_path / "target"
-    up = lab("up", "--detach", "--engine-args", str(args), "--speedup", "1", "--out",
-             str(stack))
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield next(w for w in up.stdout.split() if w.startswith("http://"))
-    finally:
-        down = lab("down", str(stack))
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) -> None:
@@ -57,12 +32,13 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(out / "profile.csv") as f:
         rows = [r for r in csv.reader(ln for ln in f if not ln.startswith("#"))][1:]
-    knots = {"prefill": {}, "decode": {}}
+    knots: dict[str, dict[float, float]] = {"prefill": {}, "decode": {}, "request": {}}
     for kind, tokens, ms in rows:
         knots[kind][float(tokens)] = float(ms)
     assert sorted(knots["prefill"]) == [128, 512, 1024]
-    # decode knots: c=1 at isl + osl/2, and c x (64 + 16) for the batch probes
-    assert sorted(knots["decode"]) == [80, 132, 516, 640, 1028, 2560]
+    # decode knots: c=1 at isl + osl/2, 2 x (isl + 12) for the overlap probes, c x (64 + 16)
+    # for the batch probes
+    assert sorted(knots["decode"]) == [80, 132, 280, 516, 640, 1028, 1048, 2072, 2560]
     off = []
     for kind, truth in (("prefill", true_prefill_ms), ("decode", true_decode_ms)):
         for tokens, ms in knots[kind].items():
@@ -70,6 +46,11 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
             if abs(err) > TOLERANCE:
                 off.append(f"{kind} at {tokens:g}: fitted {ms:.2f} ms, true "
                            f"{truth(tokens):.2f} ms ({100 * err:+.1f}%)")
+    # the target's path beyond the lab's (a per-request latency) is told apart from prefill
+    for tokens, ms in knots["request"].items():
+        if abs(ms - TRUE_REQUEST_MS) > 3.0:
+            off.append(f"request at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_REQUEST_MS} ms")
+    assert sorted(knots["request"]) == [128, 512, 1024]
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
     args = json.loads((out / "engine-args.json").read_text())
     assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
