@@ -28,7 +28,7 @@ def fit_plot(fit: Fit, results: Sequence[ProbeResult], path: Path) -> Path:
               label="fitted profile (lab mocker)")
     ax_p.plot(xs, [k.ms for k in fit.prefill], "o", color="tab:blue", label="knots")
     ax_p.plot(xs, [k.raw_ms for k in fit.prefill], "x", color="tab:red",
-              label="target TTFT p50 (c=1)")
+              label="measured: overlap gap (or c=1 TTFT)")
     ax_p.plot(grid, [default.unscaled_prefill_ms(int(t)) for t in grid], "--", color="gray",
               label="built-in polynomial")
     ax_p.set(title="Prefill", xlabel="new prompt tokens in the pass", ylabel="ms")
