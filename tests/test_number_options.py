@@ -35,6 +35,8 @@ REQUIRED: dict[str, list[str]] = {
     "lab compare": ["RUN1", "RUN2"],
     "lab sidecar": ["--engine", "127.0.0.1:1", "--discovery", "file:/tmp/d"],
     "lab frontend": ["--discovery", "file:/tmp/d"],
+    "lab calibrate": ["--target", "http://127.0.0.1:1"],
+    "lab fidelity": ["--target", "http://127.0.0.1:1"],
 }
 # (command, option, value) -> why that value is legitimate there
 ACCEPTED: dict[tuple[str, str, str], str] = {
@@ -44,6 +46,7 @@ ACCEPTED: dict[tuple[str, str, str], str] = {
        "time (like 0)" for cmd, flag in (
            ("lab up", "--speedup"), ("lab up", "--decode-speedup"), ("lab sweep", "--speedup"),
            ("lab sweep", "--decode-speedup"), ("lab nagle", "--speedup"),
+           ("lab fidelity", "--speedup"),
            ("mocker serve", "--speedup-ratio"), ("mocker serve", "--decode-speedup-ratio"))},
 }
 
@@ -95,7 +98,8 @@ def _parses(path: str, flag: str, value: str) -> object:
 def test_the_list_covers_every_command() -> None:
     found = {path for path, _ in number_options()}
     assert {"lab sweep", "lab up", "lab down", "lab fault", "lab nagle", "lab report",
-            "lab sidecar", "lab frontend", "mocker serve", "mocker bench"} <= found
+            "lab sidecar", "lab frontend", "lab calibrate", "lab fidelity", "mocker serve",
+            "mocker bench"} <= found
 
 
 @pytest.mark.parametrize(("path", "flag", "value"), list(_cases()))

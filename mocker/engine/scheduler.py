@@ -226,6 +226,10 @@ class Scheduler:
         self._last_ms = 0.0
 
     # ---- public API ---------------------------------------------------------------------
+    @property
+    def timing(self) -> TimingModel:
+        return self._timing
+
     def add(self, req: EngineRequest) -> None:
         """Queue a request. Never-fit requests are rejected by a signal on the next pass.
 

@@ -14,7 +14,11 @@ Models (selected by `EngineArgs.timing["type"]`):
 
   - ``kind = prefill``: ``tokens`` = total new prompt tokens of a pass, ``ms`` = prefill time;
   - ``kind = decode``: ``tokens`` = active KV tokens (sum of the sequence lengths of the
-    decode-ready requests), ``ms`` = decode step time.
+    decode-ready requests), ``ms`` = decode step time;
+  - ``kind = request`` (optional): ``tokens`` = prompt tokens, ``ms`` = a per-request latency
+    before the request may be scheduled, which holds no engine time (no other request waits
+    for it): a target's HTTP and routing path beyond the lab's own, as `lab calibrate`
+    measures it (docs/fidelity.md). Not applied to a decode leg after a handoff.
 
   Each kind is a 1-D piecewise-linear interpolation over ``tokens`` with linear extrapolation
   past both ends (from the two nearest points; a single point is a constant); at least one row
@@ -82,8 +86,9 @@ class Interp1D:
         return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D]:
-    """Read a profile CSV (see module docstring) into (prefill, decode) interpolators."""
+def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D, Interp1D | None]:
+    """Read a profile CSV (see module docstring) into (prefill, decode, request)
+    interpolators; request is None without request rows."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -97,12 +102,13 @@ def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D]:
         raise ValueError(
             f"timing profile {str(path)!r} must have the header {','.join(PROFILE_COLUMNS)}"
         )
-    pts: dict[str, list[tuple[float, float]]] = {"prefill": [], "decode": []}
+    pts: dict[str, list[tuple[float, float]]] = {"prefill": [], "decode": [], "request": []}
     for n, row in enumerate(reader, start=2):
         kind = (row.get("kind") or "").strip()
         if kind not in pts:
             raise ValueError(
-                f"timing profile {str(path)!r} line {n}: kind must be prefill or decode"
+                f"timing profile {str(path)!r} line {n}: kind must be prefill, decode or "
+                "request"
             )
         try:
             pts[kind].append((float(row["tokens"]), float(row["ms"])))
@@ -110,10 +116,11 @@ def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D]:
             raise ValueError(
                 f"timing profile {str(path)!r} line {n}: tokens and ms must be numbers"
             ) from exc
-    for kind, p in pts.items():
-        if not p:
+    for kind in ("prefill", "decode"):
+        if not pts[kind]:
             raise ValueError(f"timing profile {str(path)!r} has no {kind} rows")
-    return Interp1D(pts["prefill"]), Interp1D(pts["decode"])
+    return (Interp1D(pts["prefill"]), Interp1D(pts["decode"]),
+            Interp1D(pts["request"]) if pts["request"] else None)
 
 
 class TimingModel:
@@ -124,6 +131,7 @@ class TimingModel:
         "_decode_div",
         "_prefill",
         "_prefill_div",
+        "_request",
         "_total_kv_tokens",
         "scaled_decode_ms",
     )
@@ -136,12 +144,13 @@ class TimingModel:
         kind = t.get("type", "polynomial")
         prefill: Callable[[int], float]
         decode: Callable[[int], float]
+        self._request: Interp1D | None = None
         if kind == "fixed":
             pf, dc = float(t["prefill_ms"]), max(float(t["decode_ms"]), DECODE_FLOOR_MS)
             prefill = lambda n: pf if n > 0 else 0.0  # noqa: E731
             decode = lambda kv: dc  # noqa: E731
         elif kind == "profile":
-            pi, di = load_profile(t["path"])
+            pi, di, self._request = load_profile(t["path"])
             prefill = lambda n: max(pi(n), 0.0) if n > 0 else 0.0  # noqa: E731
             decode = lambda kv: max(di(kv), DECODE_FLOOR_MS)  # noqa: E731
         else:
@@ -179,6 +188,12 @@ class TimingModel:
         if self._decode_div == 0:
             return 0.0
         return self._decode(active_kv_tokens) / self._decode_div
+
+    def request_ms(self, prompt_tokens: int) -> float:
+        """Scaled per-request latency before scheduling (a profile's ``request`` rows; else 0)."""
+        if self._request is None or self._prefill_div == 0:
+            return 0.0
+        return max(self._request(prompt_tokens), 0.0) / self._prefill_div
 
     def unscaled_prefill_ms(self, new_tokens: int) -> float:
         return self._prefill(new_tokens) if new_tokens > 0 else 0.0

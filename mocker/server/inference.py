@@ -185,6 +185,9 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 replay_only = prep.max_tokens <= 1
                 resume = {"first_position": 1, "kv_transferred": True,
                           "ready_at_ms": engine.now_ms() + kv_ms}
+            elif (delay_ms := engine.scheduler.timing.request_ms(len(prep.prompt))) > 0.0:
+                # a profile's per-request latency (mocker/engine/timing.py): waits, holds no pass
+                resume = {"ready_at_ms": engine.now_ms() + delay_ms}
             if not replay_only:
                 engine.submit(
                     live,

@@ -1,0 +1,248 @@
+"""The designed probe set of `lab calibrate` and how it is run against a URL.
+
+Three families, each a closed-loop level of `lab.load.sweep.SweepRunner` in its own
+sub-directory of the run (`probes/<name>/`, laid out like a `lab sweep` run):
+
+* ``context``: concurrency 1 at each prompt length of `context_isl`: its TTFT is the path plus
+  the prefill of that many tokens (plus the first token's decode step), its ITL is one decode
+  step at about `isl + osl / 2` KV tokens;
+* ``batch``: the concurrency levels of `batch_conc` at each of `batch_isl`: the mean gap between
+  streamed tokens, without the passes that held a prefill, is one decode step at about
+  `concurrency x (isl + osl / 2)` KV tokens;
+* ``overlap``: concurrency 2 at each prompt length of `context_isl`, output lengths spread
+  (`osl_stddev`) so that the two streams fall out of step: a gap of one stream during which
+  the other's first token arrived is a pass that held that prompt's prefill; minus the
+  stream's plain gaps, it is the engine's prefill time alone, without any HTTP or routing path
+  (which the other stream does not wait for);
+* ``prefix``: concurrency 1 sending one prompt again and again (`shared_prefix = isl`): its TTFT
+  beside the ``context`` probe of the same length shows whether the target caches prefixes.
+
+Every probe has its own workload seed, so no two probes share a prompt prefix (a prefix cache
+must not make one probe's prefill cheaper than it is).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.load.client import ClientOptions
+from lab.load.sweep import LineProgress, SweepPlan, SweepRunner
+from lab.load.workload import WorkloadSpec
+
+DEFAULT_CONTEXT_ISL = (64, 256, 1024, 4096)
+DEFAULT_CONTEXT_OSL = 32
+DEFAULT_CONTEXT_REQUESTS = 8
+DEFAULT_BATCH_CONC = (1, 8, 32, 64, 128)
+DEFAULT_BATCH_ISL = (64, 1024)  # the second reaches the KV of long prompts at high concurrency
+DEFAULT_BATCH_OSL = 128
+DEFAULT_BATCH_ROUNDS = 2
+DEFAULT_PREFIX_ISL = 1024
+DEFAULT_OVERLAP_OSL = 64
+DEFAULT_OVERLAP_REQUESTS = 16
+KINDS = ("context", "overlap", "batch", "prefix")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: a closed-loop level of `requests` requests (after `warmup`) at `concurrency`."""
+
+    kind: str  # one of KINDS
+    isl: int
+    osl: int
+    concurrency: int
+    requests: int
+    warmup: int
+    seed: int  # the workload seed: distinct per probe
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-isl{self.isl}-osl{self.osl}-c{self.concurrency}"
+
+    @property
+    def decode_kv_tokens(self) -> float:
+        """Active KV tokens of a typical decode step of this probe: each of the `concurrency`
+        requests holds its prompt plus, on average, half its output."""
+        return self.concurrency * (self.isl + self.osl / 2.0)
+
+
+@dataclass(frozen=True)
+class ProbeSet:
+    context_isl: tuple[int, ...] = DEFAULT_CONTEXT_ISL
+    context_osl: int = DEFAULT_CONTEXT_OSL
+    context_requests: int = DEFAULT_CONTEXT_REQUESTS
+    batch_conc: tuple[int, ...] = DEFAULT_BATCH_CONC
+    batch_isl: tuple[int, ...] = DEFAULT_BATCH_ISL
+    batch_osl: int = DEFAULT_BATCH_OSL
+    batch_rounds: int = DEFAULT_BATCH_ROUNDS  # measured requests per level = rounds x conc
+    prefix_isl: int | None = DEFAULT_PREFIX_ISL  # None: no prefix probe
+    overlap_osl: int | None = DEFAULT_OVERLAP_OSL  # None: no overlap probes
+    overlap_requests: int = DEFAULT_OVERLAP_REQUESTS
+
+    def probes(self) -> list[Probe]:
+        out: list[Probe] = []
+        seed = 1000
+        for isl in self.context_isl:
+            seed += 1
+            out.append(Probe("context", isl, self.context_osl, 1, self.context_requests, 1,
+                             seed))
+        if self.overlap_osl is not None:
+            for isl in self.context_isl:
+                seed += 1
+                out.append(Probe("overlap", isl, self.overlap_osl, 2, self.overlap_requests, 2,
+                                 seed))
+        for isl in self.batch_isl:
+            for c in self.batch_conc:
+                seed += 1
+                out.append(Probe("batch", isl, self.batch_osl, c,
+                                 max(self.batch_rounds * c, self.context_requests), c, seed))
+        if self.prefix_isl is not None:
+            seed += 1
+            out.append(Probe("prefix", self.prefix_isl, self.context_osl, 1,
+                             self.context_requests, 1, seed))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class ProbeResult:
+    """What one probe measured (medians over its measured requests, and the decode step; ms)."""
+
+    probe: Probe
+    ttft_ms_p50: float
+    itl_ms_p50: float
+    decode_step_ms: float  # the mean token gap without prefill passes (decode_step_ms())
+    latency_ms_p50: float
+    ok: int
+    failed: int
+    cached_tokens_mean: float | None = None
+    prefill_gap_ms: float = math.nan  # overlap probes: prefill_gap_ms()
+    run_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "probe"}
+        d["probe"] = {**self.probe.__dict__, "name": self.probe.name}
+        return d
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+def decode_step_ms(requests: pd.DataFrame) -> float:
+    """The engine's decode pass of a probe, from the client's chunk stamps (ms).
+
+    Per measured request: the mean of the gaps between its consecutive tokens, leaving out
+    every gap during which another request's first token arrived (that pass held a prefill).
+    A mean within a stream, not a median: when the serving path lags, tokens arrive in bursts
+    (a long gap, then near-zero ones) and only their sum keeps the engine's time. Then the
+    median over requests, so one request slowed by a neighbour's CPU burst does not move it."""
+    if requests.empty or "chunk_times_ns" not in requests:
+        return math.nan
+    per_request = [float(gaps[hits == 0].mean()) / 1e6 for gaps, hits in _stream_gaps(requests)
+                   if (hits == 0).any()]
+    return float(np.median(per_request)) if per_request else math.nan
+
+
+def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per measured request: (its token gaps in ns, how many other requests' first tokens came
+    from the pass of each gap).
+
+    Another request's first token comes from the same pass end as one of this stream's tokens,
+    and which of the two the client reads first is chance: the pass is the gap that ends at
+    the stream's token nearest to it (not the gap the stamp happens to fall in)."""
+    ok = requests[requests["ok"].astype(bool)]
+    firsts = np.sort(pd.to_numeric(ok["first_ns"], errors="coerce").dropna()
+                     .to_numpy(dtype=np.int64))
+    out = []
+    for row in ok[~ok["warmup"].astype(bool)].itertuples():
+        t = np.asarray(row.chunk_times_ns if row.chunk_times_ns is not None else [],
+                       dtype=np.int64)
+        if t.size < 2:
+            continue
+        gaps = np.diff(t)
+        half_last = gaps[-1] // 2
+        others = firsts[(firsts > t[0]) & (firsts <= t[-1] + half_last)]
+        idx = np.clip(np.searchsorted(t, others), 1, t.size - 1)
+        nearer_left = (others - t[idx - 1]) < (t[idx] - others)
+        end = np.where(nearer_left & (idx > 1), idx - 1, idx)  # the token ending the pass
+        hits = np.bincount(end - 1, minlength=gaps.size)[: gaps.size]
+        out.append((gaps, hits))
+    return out
+
+
+def prefill_gap_ms(requests: pd.DataFrame) -> float:
+    """The engine's prefill of one prompt, seen from another stream (ms): the median gap that
+    held exactly one other request's first token, minus the median of the streams' plain
+    gaps. NaN when no gap held one (the streams stayed in step)."""
+    if requests.empty or "chunk_times_ns" not in requests:
+        return math.nan
+    held, plain = [], []
+    for gaps, hits in _stream_gaps(requests):
+        held.extend(gaps[hits == 1].tolist())
+        plain.extend(gaps[hits == 0].tolist())
+    if not held or not plain:
+        return math.nan
+    return (float(np.median(held)) - float(np.median(plain))) / 1e6
+
+
+def workload_of(probe: Probe, base: WorkloadSpec) -> WorkloadSpec:
+    return replace(base, isl=probe.isl, osl=probe.osl, isl_stddev=0.0,
+                   osl_stddev=probe.osl / 4.0 if probe.kind == "overlap" else 0.0,
+                   seed=probe.seed, shared_prefix=probe.isl if probe.kind == "prefix" else 0)
+
+
+async def run_probe(probe: Probe, url: str, model: str, base: WorkloadSpec, out_dir: Path,
+                    client: ClientOptions, progress: LineProgress) -> ProbeResult:
+    """Run one probe as a one-level sweep into `out_dir` and read its medians back."""
+    out_dir.mkdir(parents=True, exist_ok=False)
+    plan = SweepPlan(concurrency=[probe.concurrency], workload=workload_of(probe, base),
+                     requests=probe.requests, warmup=probe.warmup, client=client)
+    runner = SweepRunner(out_dir, url, model, plan, progress=progress)
+    await runner.run()
+    from lab.analysis import rundir
+
+    levels = rundir.read_json(out_dir / "levels.json", [])
+    row = levels[0] if levels else {}
+    requests = rundir.read_requests(out_dir)
+    return ProbeResult(
+        probe=probe, ttft_ms_p50=_num(row.get("ttft_ms_p50")),
+        itl_ms_p50=_num(row.get("itl_ms_p50")),
+        decode_step_ms=decode_step_ms(requests),
+        prefill_gap_ms=prefill_gap_ms(requests) if probe.kind == "overlap" else math.nan,
+        latency_ms_p50=_num(row.get("latency_ms_p50")), ok=int(row.get("ok") or 0),
+        failed=int(row.get("failed") or 0),
+        cached_tokens_mean=(None if row.get("cached_tokens_mean") is None
+                            else _num(row.get("cached_tokens_mean"))),
+        run_dir=str(out_dir))
+
+
+async def run_probes(probes: list[Probe], url: str, model: str, base: WorkloadSpec,
+                     out_dir: Path, client: ClientOptions, progress: LineProgress,
+                     say: Callable[[str], None],
+                     after: Callable[[Probe], Awaitable[None]] | None = None
+                     ) -> list[ProbeResult]:
+    """Every probe in order (one line before each), into `out_dir/<probe name>/`; `after(probe)`
+    runs right after each (the lab-path measurement, alternated with the target's probes so
+    that both see the same machine load)."""
+    results = []
+    for i, probe in enumerate(probes, start=1):
+        say(f"probe {i}/{len(probes)}: {probe.name} ({probe.requests} requests)")
+        results.append(await run_probe(probe, url, model, base, out_dir / probe.name, client,
+                                       progress))
+        if after is not None:
+            await after(probe)
+    return results

@@ -1,0 +1,255 @@
+"""`lab calibrate --target URL`: measure a serving stack with a designed probe set and fit the
+lab mocker's `profile` timing model to it (docs/fidelity.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lab.calibrate import probes as P
+from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
+
+LAB_PATH_OSL = 2  # the lab-path probes need a first token only (and one gap to be a stream)
+LAB_PATH_REQUESTS = 40
+#: The lab-path stack's engine sleeps a known time (`fixed` timing), so that its path includes
+#: the engine's timer wake-up, as it will when the fitted profile runs; this is subtracted back.
+LAB_PATH_PREFILL_MS = 10.0
+LAB_PATH_DECODE_MS = 1.0
+
+
+def parse_ints(value: str, option: str) -> tuple[int, ...]:
+    """'64,256,1024' -> (64, 256, 1024), sorted and unique; BadParameter naming `option`."""
+    try:
+        items = sorted({int(v) for v in str(value).split(",") if v.strip()})
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated positive integers",
+                                 param_hint=f"'{option}'") from None
+    if not items or items[0] < 1:
+        raise click.BadParameter(f"{value!r}: expected comma-separated positive integers",
+                                 param_hint=f"'{option}'")
+    return tuple(items)
+
+
+def _say(quiet: bool) -> Any:
+    return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
+
+
+def make_dir(name: str, out: Path | None) -> Path:
+    from launch.errors import RunError
+    from launch.rundir import make_run_dir
+
+    try:
+        return make_run_dir(name, out)
+    except (RunError, OSError) as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"--out {out}: "),
+                                 param_hint="'--out'") from None
+
+
+@click.command()
+@click.option("--target", required=True, metavar="URL",
+              help="The OpenAI-compatible server to measure (e.g. http://127.0.0.1:8787).")
+@click.option("--model", default=None, help="Model name at the target.  [default: the one it "
+              "serves]")
+@click.option("--tokenizer", default=None, metavar="PATH",
+              help="The target's tokenizer (tokenizer.json or a model dir): prompts of exactly "
+              "the probe lengths, and the lab stack that measures its own path tokenizes with "
+              "it too.")
+@prompt_form_options
+@click.option("--context-isl", default=",".join(map(str, P.DEFAULT_CONTEXT_ISL)),
+              show_default=True, metavar="LIST",
+              help="Prompt lengths of the concurrency-1 probes (prefill from their TTFT, decode "
+              "over context length from their token gaps).")
+@click.option("--context-osl", type=click.IntRange(2, 100_000), default=P.DEFAULT_CONTEXT_OSL,
+              show_default=True, help="Output tokens of the concurrency-1 probes.")
+@click.option("--context-requests", type=click.IntRange(1, 100_000),
+              default=P.DEFAULT_CONTEXT_REQUESTS, show_default=True,
+              help="Measured requests per concurrency-1 probe.")
+@click.option("--overlap-osl", type=click.IntRange(0, 100_000), default=P.DEFAULT_OVERLAP_OSL,
+              show_default=True,
+              help="Mean output tokens of the concurrency-2 overlap probes at each "
+              "--context-isl (the engine's prefill seen from another stream, which separates it "
+              "from the target's HTTP and routing path); 0 = none.")
+@click.option("--overlap-requests", type=click.IntRange(2, 100_000),
+              default=P.DEFAULT_OVERLAP_REQUESTS, show_default=True,
+              help="Measured requests per overlap probe.")
+@click.option("--batch-conc", default=",".join(map(str, P.DEFAULT_BATCH_CONC)),
+              show_default=True, metavar="LIST",
+              help="Concurrency levels of the decode probes (decode step time over the batch's "
+              "KV tokens, from the token gaps without prefill).")
+@click.option("--batch-isl", default=",".join(map(str, P.DEFAULT_BATCH_ISL)), show_default=True,
+              metavar="LIST", help="Prompt lengths of the decode probes (each at every "
+              "--batch-conc).")
+@click.option("--batch-osl", type=click.IntRange(2, 100_000), default=P.DEFAULT_BATCH_OSL,
+              show_default=True, help="Output tokens of the decode probes (long enough that "
+              "most engine passes carry no prefill).")
+@click.option("--batch-rounds", type=click.IntRange(1, 1000), default=P.DEFAULT_BATCH_ROUNDS,
+              show_default=True,
+              help="Measured requests per decode probe, in rounds of its concurrency.")
+@click.option("--prefix-isl", type=click.IntRange(0, 1_000_000), default=P.DEFAULT_PREFIX_ISL,
+              show_default=True,
+              help="Prompt length of the repeated-prompt probe (prefix-cache effect); 0 = none.")
+@click.option("--engine-type", type=click.Choice(["trtllm", "vllm"]), default="trtllm",
+              show_default=True,
+              help="Admission policy of the fitted lab mocker (trtllm charges a decode step "
+              "for the first token; the fit subtracts it from prefill).")
+@click.option("--lab-path-ms", type=FiniteFloatRange(min=0, max=MAX_SECONDS * 1000),
+              default=None, metavar="MS",
+              help="The lab's own HTTP + request-plane + gRPC time to first token, subtracted "
+              "from the target's TTFT.  [default: measured on a lab stack with a fixed, "
+              "subtracted engine time, at each probe length]")
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS),
+              default=120.0,
+              show_default=True, metavar="SECONDS", help="Per-request timeout.")
+@click.option("--in-process-client", is_flag=True, default=False,
+              help="Run the load client inside this process (default: a child process per "
+              "probe, which costs about a second each).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory (must not exist or be empty).  "
+              "[default: results/<timestamp>-<name>]")
+@click.option("--name", default="calibrate", show_default=True, help="Run name.")
+@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plot.")
+@click.option("--quiet", is_flag=True, default=False, help="No progress lines.")
+def calibrate(**kw: Any) -> None:
+    """Measure a real stack at --target and fit the lab mocker's timing to it.
+
+    Probes (each a closed-loop level, concurrency 1 unless said): TTFT over --context-isl;
+    at each of those lengths two streams out of step (concurrency 2), where one stream's gap
+    that held the other's prefill is the engine's prefill alone; token gaps over context length
+    and over --batch-conc give the decode step time as a function of active KV tokens; one
+    repeated prompt shows the prefix-cache effect.
+
+    The target's TTFT holds its HTTP and routing path as well as its prefill. The profile's
+    prefill is the overlap gap (no path in it); the rest of TTFT, minus the lab's own path
+    (measured on a lab stack whose engine takes a known time), becomes the profile's
+    per-request latency, which holds no engine pass. What it cannot tell apart: queueing in
+    the target's path from a per-request engine cost that does not block other requests
+    (see docs/fidelity.md).
+
+    Writes RUN/: probes/<probe>/ (a sweep run directory each), lab-path/, profile.csv (the
+    `profile` timing model), engine-args.json (use it with `lab sweep --engine-args`, `lab up`
+    or `lab fidelity`), fit.json, fit.md and plots/fit.png.
+    """
+    probe_set = P.ProbeSet(
+        context_isl=parse_ints(kw["context_isl"], "--context-isl"),
+        context_osl=kw["context_osl"], context_requests=kw["context_requests"],
+        batch_conc=parse_ints(kw["batch_conc"], "--batch-conc"),
+        batch_isl=parse_ints(kw["batch_isl"], "--batch-isl"),
+        batch_osl=kw["batch_osl"], batch_rounds=kw["batch_rounds"],
+        prefix_isl=kw["prefix_isl"] or None, overlap_osl=kw["overlap_osl"] or None,
+        overlap_requests=kw["overlap_requests"])
+    if kw["lab_path_ms"] is not None and not (math.isfinite(kw["lab_path_ms"])
+                                              and kw["lab_path_ms"] >= 0):
+        raise click.BadParameter("must be a finite number >= 0", param_hint="'--lab-path-ms'")
+    workload = workload_from_options(
+        {**kw, "isl": probe_set.context_isl[0], "osl": probe_set.context_osl, "seed": 0},
+        target=kw["target"])
+    say = _say(kw["quiet"])
+    info = target_or_exit(kw["target"], kw["model"], workload, kw["timeout_s"],
+                          quiet=kw["quiet"])
+    workload = replace(workload, include_usage=info.include_usage)
+    run_dir = make_dir(kw["name"], kw["out"])
+    from launch.config import write_config
+
+    write_config(run_dir, extra={"calibrate": {
+        "target": info.url, "model": info.model, "target_check": info.to_dict(),
+        "probes": probe_set.to_dict(), "workload": workload.to_dict(),
+        "engine_type": kw["engine_type"], "lab_path_ms": kw["lab_path_ms"],
+        "argv": sys.argv}})
+    sys.exit(run_calibration(run_dir, info.url, info.model, probe_set, workload, kw, say))
+
+
+def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
+                    workload: Any, kw: dict, say: Any) -> int:
+    import uvloop
+
+    from lab.calibrate.fit import engine_args, fit_profile, write_profile
+    from lab.calibrate.report import fit_markdown
+    from lab.load.client import ClientOptions
+    from lab.load.sweep import LevelFailed, LineProgress
+    from launch.errors import LaunchError
+
+    client = ClientOptions(timeout_s=kw["timeout_s"], isolate=not kw["in_process_client"])
+    progress = LineProgress(quiet=kw["quiet"])
+    try:
+        results, lab_path = uvloop.run(measure(run_dir, url, model, probe_set, workload, kw,
+                                               client, progress, say))
+    except LevelFailed as exc:
+        click.echo(f"error: the target failed a probe: {exc}", err=True)
+        return 1
+    except LaunchError as exc:
+        click.echo(f"error: the lab stack (lab path) did not start: {exc.message()}", err=True)
+        return 1
+    except (KeyboardInterrupt, RuntimeError, OSError) as exc:
+        click.echo(f"error: {exc or 'interrupted'}", err=True)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    try:
+        fit = fit_profile(results, lab_path, kw["engine_type"])
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    profile = write_profile(fit, run_dir / "profile.csv")
+    args = engine_args(fit, profile)
+    (run_dir / "engine-args.json").write_text(json.dumps(args, indent=2) + "\n")
+    (run_dir / "fit.json").write_text(json.dumps(
+        {**fit.to_dict(), "probes": [r.to_dict() for r in results]}, indent=2,
+        default=str) + "\n")
+    plot = None
+    if not kw["no_plots"]:
+        from lab.calibrate.plot import fit_plot
+
+        plot = fit_plot(fit, results, run_dir / "plots" / "fit.png")
+    text = fit_markdown(fit, results, url, plot)
+    (run_dir / "fit.md").write_text(text)
+    click.echo(text)
+    click.echo(f"engine args: {run_dir / 'engine-args.json'}  (profile: {profile})")
+    return 0
+
+
+async def measure(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet, workload: Any,
+                  kw: dict, client: Any, progress: Any,
+                  say: Any) -> tuple[list[P.ProbeResult], dict[int, float]]:
+    """The target's probes; and, unless --lab-path-ms is given, the lab's own path: TTFT p50 of
+    a lab stack whose engine takes a known fixed time (subtracted), at each context length,
+    each measured right after the target's probe of that length."""
+    probes = probe_set.probes()
+    if kw["lab_path_ms"] is not None:
+        results = await P.run_probes(probes, url, model, workload, run_dir / "probes", client,
+                                     progress, say)
+        return results, {isl: float(kw["lab_path_ms"]) for isl in probe_set.context_isl}
+    from lab.commands.lab_stack import lab_spec, on_stack
+
+    out_dir = run_dir / "lab-path"
+    out_dir.mkdir()
+    fixed = {"engine_type": kw["engine_type"],
+             "timing": {"type": "fixed", "prefill_ms": LAB_PATH_PREFILL_MS,
+                        "decode_ms": LAB_PATH_DECODE_MS}}
+    engine_ms = LAB_PATH_PREFILL_MS + (LAB_PATH_DECODE_MS if kw["engine_type"] == "trtllm"
+                                       else 0.0)
+    spec = lab_spec(speedup=1.0, tokenizer=kw["tokenizer"], name="lab-path",
+                    engine_args=json.dumps(fixed))
+
+    async def work(lab_url: str, lab_model: str) -> tuple[list[P.ProbeResult], dict[int, float]]:
+        lab_path: dict[int, float] = {}
+
+        async def after(probe: P.Probe) -> None:
+            if probe.kind != "context":
+                return
+            own = P.Probe("context", probe.isl, LAB_PATH_OSL, 1, LAB_PATH_REQUESTS, 2,
+                          probe.seed + 5000)
+            say(f"  lab path at {probe.isl} tokens: {own.name}")
+            r = await P.run_probe(own, lab_url, lab_model, workload, out_dir / own.name,
+                                  client, progress)
+            lab_path[probe.isl] = r.ttft_ms_p50 - engine_ms
+
+        results = await P.run_probes(probes, url, model, workload, run_dir / "probes", client,
+                                     progress, say, after)
+        return results, lab_path
+
+    return await on_stack(spec, out_dir / "stack", say, work)

@@ -1,0 +1,281 @@
+"""`lab fidelity --target URL [--engine-args FILE]`: the same sweep against a target and against
+the lab's stack, level by level, with a verdict per metric (docs/fidelity.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lab.commands.calibrate import make_dir, parse_ints
+from lab.commands.sweep_settings import SweepSettings
+from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.load.sweep import SweepPlan
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, field_option
+from lab.shared.engine_settings import EngineSettings
+
+DEFAULT_CONC = "1,32,128"
+DEFAULT_SPEEDUP = 1.0  # the target runs in real time: so does the lab side
+_SEED = field_option(SweepSettings, "seed")
+_SPEEDUP = field_option(EngineSettings, "speedup_ratio", ("--speedup",), default=DEFAULT_SPEEDUP,
+                        show_default=True, metavar="R", help="Speedup ratio of the lab's engines.")
+#: a level's measured requests: rounds of the closed loop, at least a minimum. Fewer than
+#: `lab sweep`'s default, as fidelity sweeps every level two or three times (target, lab, ...)
+DEFAULT_ROUNDS = 3
+DEFAULT_MIN_REQUESTS = 30
+
+
+@dataclass
+class Side:
+    """One sweep of the comparison: at `url` (a target) or on a lab stack built from `spec`."""
+
+    name: str
+    url: str | None = None
+    spec: Any = None
+
+    @property
+    def is_lab(self) -> bool:
+        return self.spec is not None
+
+
+@click.command()
+@click.option("--target", required=True, metavar="URL",
+              help="The OpenAI-compatible server to compare the lab with.")
+@click.option("--target-disagg", default=None, metavar="URL",
+              help="The same target deployed disaggregated: the lab is swept disaggregated "
+              "too (1 prefill + 1 decode engine), and the disaggregation cost (req/s lost vs "
+              "aggregated at c=32 and c=128) is put next to the target's.")
+@click.option("--engine-args", default=None, metavar="JSON|FILE",
+              help="Engine args of the lab's engines, e.g. the engine-args.json of `lab "
+              "calibrate`.  [default: the lab mocker's defaults]")
+@click.option("--with-defaults", is_flag=True, default=False,
+              help="Also sweep the lab with its default engine args (the uncalibrated mocker), "
+              "shown beside.")
+@click.option(*_SPEEDUP[0], **_SPEEDUP[1])
+@click.option("--model", default=None, help="Model name at the target.  [default: the one it "
+              "serves]")
+@click.option("--tokenizer", default=None, metavar="PATH",
+              help="The target's tokenizer: prompts of exactly --isl tokens, and the lab's "
+              "frontend and engines use it too.")
+@prompt_form_options
+@click.option("--conc", default=DEFAULT_CONC, show_default=True, metavar="LIST",
+              help="Concurrency levels, comma-separated.")
+@click.option("--isl", type=click.IntRange(1, 1_000_000), default=136, show_default=True,
+              help="Prompt tokens per request.")
+@click.option("--osl", type=click.IntRange(1, 1_000_000), default=128, show_default=True,
+              help="Output tokens per request.")
+@click.option("--requests", "n_requests", type=click.IntRange(1, 10_000_000), default=None,
+              help="Measured requests per level.  [default: max(--min-requests, --rounds x "
+              "concurrency)]")
+@click.option("--rounds", type=click.IntRange(1, 1000), default=DEFAULT_ROUNDS,
+              show_default=True, help="Without --requests: rounds of the closed loop per level.")
+@click.option("--min-requests", type=click.IntRange(1, 10_000_000), default=DEFAULT_MIN_REQUESTS,
+              show_default=True, help="Without --requests: the fewest measured requests of a "
+              "level.")
+@click.option("--warmup", type=click.IntRange(0, 10_000_000), default=None,
+              help="Warm-up requests per level.  [default: the level's concurrency]")
+@click.option(*_SEED[0], **_SEED[1])
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS),
+              default=600.0,
+              show_default=True, metavar="SECONDS", help="Per-request timeout.")
+@click.option("--in-process-client", is_flag=True, default=False,
+              help="Run the load client inside this process (default: a child process).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run directory (must not exist or be empty).  "
+              "[default: results/<timestamp>-<name>]")
+@click.option("--name", default="fidelity", show_default=True, help="Run name.")
+@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
+@click.option("--quiet", is_flag=True, default=False, help="No progress lines.")
+def fidelity(**kw: Any) -> None:
+    """Sweep --target and the lab's stack (with --engine-args) the same way, and compare.
+
+    Level by level: TTFT p50/p99, ITL p50, latency p50 and req/s of the target and of the lab,
+    the gap in % ((lab - target) / target) and a verdict per metric: within 5%, within 10%, or
+    off. The target is swept first, then the lab stack is launched, swept and torn down. A
+    target that keeps a prefix cache should be fresh (the same seed sends the same prompts).
+
+    Writes RUN/: target/ and lab/ (and lab-defaults/, target-disagg/, lab-disagg/), each a
+    `lab sweep` run directory; fidelity.md, fidelity.json, plots/fidelity.png and compare/
+    (the `lab compare` overlays).
+    """
+    from lab.commands.lab_stack import lab_spec
+
+    concs = parse_ints(kw["conc"], "--conc")
+    workload = workload_from_options(kw, target=kw["target"])
+    lab_kw = {"speedup": kw["speedup"], "tokenizer": kw["tokenizer"]}
+    sides = [Side("target", url=kw["target"]),
+             Side("lab", spec=lab_spec(engine_args=kw["engine_args"], name="lab", **lab_kw))]
+    if kw["with_defaults"]:
+        sides.append(Side("lab-defaults", spec=lab_spec(name="lab-defaults", **lab_kw)))
+    if kw["target_disagg"]:
+        sides += [Side("target-disagg", url=kw["target_disagg"]),
+                  Side("lab-disagg", spec=lab_spec(engine_args=kw["engine_args"], disagg=True,
+                                                   name="lab-disagg", **lab_kw))]
+    checks = {}
+    for side in sides:
+        if side.url is not None:
+            option = "--target" if side.name == "target" else "--target-disagg"
+            try:
+                info = target_or_exit(side.url, kw["model"], workload, kw["timeout_s"],
+                                      quiet=kw["quiet"])
+            except click.BadParameter as exc:
+                if exc.param_hint == "'--target'":
+                    exc.param_hint = f"'{option}'"
+                raise
+            side.url = info.url
+            checks[side.name] = info
+    info = checks["target"]
+    workload = replace(workload, include_usage=info.include_usage)
+    run_dir = make_dir(kw["name"], kw["out"])
+    from launch.config import write_config
+
+    write_config(run_dir, extra={"fidelity": {
+        "target": info.url, "target_disagg": kw["target_disagg"], "model": info.model,
+        "engine_args": kw["engine_args"], "speedup": kw["speedup"], "concurrency": list(concs),
+        "workload": workload.to_dict(), "requests": kw["n_requests"], "warmup": kw["warmup"],
+        "argv": sys.argv}})
+    sys.exit(run_fidelity(run_dir, sides, concs, workload, info.model, kw))
+
+
+@dataclass
+class RoundsPlan(SweepPlan):
+    """A sweep plan whose levels default to `rounds` rounds of the closed loop."""
+
+    rounds: int = DEFAULT_ROUNDS
+    min_requests: int = DEFAULT_MIN_REQUESTS
+
+    def requests_for(self, c: int) -> int:
+        if self.requests is not None:
+            return self.requests
+        return max(self.min_requests, self.rounds * c)
+
+
+def _say(quiet: bool) -> Any:
+    return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
+
+
+def run_fidelity(run_dir: Path, sides: list[Side], concs: tuple[int, ...], workload: Any,
+                 model: str, kw: dict) -> int:
+    import uvloop
+
+    from lab.load.client import ClientOptions
+    from lab.load.sweep import LevelFailed, LineProgress
+    from launch.errors import LaunchError
+
+    say = _say(kw["quiet"])
+    plan = RoundsPlan(concurrency=list(concs), workload=workload, requests=kw["n_requests"],
+                      warmup=kw["warmup"],
+                      client=ClientOptions(timeout_s=kw["timeout_s"],
+                                           isolate=not kw["in_process_client"]),
+                      rounds=kw["rounds"], min_requests=kw["min_requests"])
+    progress = LineProgress(quiet=kw["quiet"])
+    for i, side in enumerate(sides, start=1):
+        say(f"side {i}/{len(sides)}: {side.name}")
+        try:
+            uvloop.run(_sweep_side(run_dir / side.name, side, plan, model, progress, say))
+        except LevelFailed as exc:
+            click.echo(f"error: {side.name}: {exc}", err=True)
+            return 1
+        except LaunchError as exc:
+            click.echo(f"error: the lab stack ({side.name}) did not start: {exc.message()}",
+                       err=True)
+            return 1
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted: the completed sweeps are kept", err=True)
+            return 130
+        except (RuntimeError, OSError) as exc:
+            click.echo(f"error: {side.name}: {exc}", err=True)
+            return 1
+    text = report(run_dir, sides, workload, kw)
+    click.echo(text)
+    return 0
+
+
+async def _sweep_side(out: Path, side: Side, plan: Any, model: str, progress: Any,
+                      say: Any) -> None:
+    from lab.commands.lab_stack import on_stack
+    from lab.load.sweep import SweepRunner
+    from launch.config import write_config
+
+    out.mkdir()
+    sweep_cfg = {"sweep": {"name": side.name, "target": side.url, **plan.to_dict()}}
+    if not side.is_lab:
+        write_config(out, extra={"sweep": {**sweep_cfg["sweep"], "model": model}})
+        await SweepRunner(out, side.url, model, plan, progress=progress).run()
+        return
+    write_config(out, side.spec, extra=sweep_cfg)
+
+    async def work(url: str, lab_model: str) -> None:
+        await SweepRunner(out, url, lab_model, plan, progress=progress).run()
+
+    await on_stack(side.spec, out, say, work)
+
+
+def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
+    """fidelity.md / fidelity.json / plots; returns the markdown."""
+    from lab.fidelity.gaps import disagg_cost, level_gaps
+    from lab.report.comparison import compare_runs, load_run
+    from lab.report.markdown import fnum, md_table
+
+    runs = {s.name: load_run(run_dir / s.name) for s in sides}
+    target = runs["target"].levels
+    gaps = {name: level_gaps(target, runs[name].levels)
+            for name in ("lab", "lab-defaults") if name in runs}
+    lines = [f"# Fidelity: the lab against {kw['target']}", "",
+             f"Workload: ISL {workload.isl}, OSL {workload.osl}, {workload.endpoint}, "
+             f"{workload.prompt_kind} prompts; lab engine args: "
+             f"{kw['engine_args'] or 'defaults'}, speedup {kw['speedup']:g}. Gap = (lab - "
+             "target) / target.", ""]
+    header = ["conc", "metric", "target", "lab", "gap", "verdict"]
+    if "lab-defaults" in gaps:
+        header += ["lab defaults", "gap", "verdict"]
+    rows = []
+    for i, g in enumerate(gaps["lab"]):
+        row = [str(g.concurrency), g.label, fnum(g.target, 2), fnum(g.lab, 2),
+               _pct(g.gap_pct), g.verdict]
+        if "lab-defaults" in gaps:
+            d = gaps["lab-defaults"][i]
+            row += [fnum(d.lab, 2), _pct(d.gap_pct), d.verdict]
+        rows.append(row)
+    lines += [md_table(header, rows), ""]
+    costs: dict[str, dict[int, float]] = {}
+    if "target-disagg" in runs and "lab-disagg" in runs:
+        costs = {"target": disagg_cost(target, runs["target-disagg"].levels),
+                 "lab": disagg_cost(runs["lab"].levels, runs["lab-disagg"].levels)}
+        crow = [[str(c), _pct(costs["target"].get(c, math.nan)),
+                 _pct(costs["lab"].get(c, math.nan))]
+                for c in sorted(set(costs["target"]) | set(costs["lab"]))]
+        lines += ["## Disaggregation cost (req/s lost vs aggregated)", "",
+                  md_table(["conc", "target", "lab"], crow) if crow else
+                  "No level at c=32 or c=128 in both sweeps.", ""]
+        dgaps = level_gaps(runs["target-disagg"].levels, runs["lab-disagg"].levels)
+        lines += ["## Disaggregated, level by level", "",
+                  md_table(["conc", "metric", "target", "lab", "gap", "verdict"],
+                           [[str(g.concurrency), g.label, fnum(g.target, 2), fnum(g.lab, 2),
+                             _pct(g.gap_pct), g.verdict] for g in dgaps]), ""]
+    if not kw["no_plots"]:
+        from lab.fidelity.plots import fidelity_plot
+
+        plot = fidelity_plot([(n, r.levels) for n, r in runs.items()],
+                             run_dir / "plots" / "fidelity.png",
+                             f"ISL {workload.isl} / OSL {workload.osl}")
+        lines += [f"![fidelity]({plot.relative_to(run_dir)})", ""]
+    compare_runs([run_dir / s.name for s in sides], run_dir / "compare",
+                 make_plots=not kw["no_plots"])
+    lines += [f"Run directory: {run_dir} (overlay plots in compare/).", ""]
+    text = "\n".join(lines)
+    (run_dir / "fidelity.md").write_text(text)
+    (run_dir / "fidelity.json").write_text(json.dumps(
+        {"gaps": {k: [g.to_dict() for g in v] for k, v in gaps.items()},
+         "disagg_cost_pct": {k: {str(c): v for c, v in d.items()} for k, d in costs.items()}},
+        indent=2, default=str) + "\n")
+    return text
+
+
+def _pct(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:+.1f}%"

@@ -1,0 +1,90 @@
+"""`lab fidelity`'s verdicts: each metric of each level, the lab against the target, as a gap in
+percent and a word (pure: level tables in, rows out)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+#: (levels.csv column, the name shown): the metrics compared level by level
+METRICS: tuple[tuple[str, str], ...] = (
+    ("ttft_ms_p50", "TTFT p50 (ms)"),
+    ("ttft_ms_p99", "TTFT p99 (ms)"),
+    ("itl_ms_p50", "ITL p50 (ms)"),
+    ("latency_ms_p50", "latency p50 (ms)"),
+    ("req_s", "req/s"),
+)
+WITHIN_5 = 5.0
+WITHIN_10 = 10.0
+#: the concurrency levels at which the disaggregation cost is stated
+DISAGG_COST_LEVELS = (32, 128)
+
+
+def gap_pct(target: float, lab: float) -> float:
+    """(lab - target) / target in %, NaN when either is missing or the target is 0."""
+    if not (math.isfinite(target) and math.isfinite(lab)) or target == 0:
+        return math.nan
+    return 100.0 * (lab - target) / target
+
+
+def verdict(gap: float) -> str:
+    if not math.isfinite(gap):
+        return "n/a"
+    if abs(gap) <= WITHIN_5:
+        return "within 5%"
+    if abs(gap) <= WITHIN_10:
+        return "within 10%"
+    return "off"
+
+
+@dataclass(frozen=True)
+class Gap:
+    concurrency: int
+    metric: str
+    label: str
+    target: float
+    lab: float
+    gap_pct: float
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _value(levels: pd.DataFrame, conc: int, column: str) -> float:
+    row = levels[levels["concurrency"] == conc]
+    if row.empty or column not in row:
+        return math.nan
+    v = row[column].iloc[0]
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def level_gaps(target: pd.DataFrame, lab: pd.DataFrame) -> list[Gap]:
+    """Every metric at every concurrency both sides measured."""
+    levels = sorted(set(target["concurrency"]) & set(lab["concurrency"]))
+    out = []
+    for c in levels:
+        for column, label in METRICS:
+            t, x = _value(target, int(c), column), _value(lab, int(c), column)
+            g = gap_pct(t, x)
+            out.append(Gap(int(c), column, label, t, x, g, verdict(g)))
+    return out
+
+
+def disagg_cost(agg: pd.DataFrame, disagg: pd.DataFrame,
+                levels: Sequence[int] = DISAGG_COST_LEVELS) -> dict[int, float]:
+    """Throughput lost by disaggregation, % of the aggregated req/s, per concurrency level
+    (levels that either run lacks are left out)."""
+    out = {}
+    for c in levels:
+        a, d = _value(agg, c, "req_s"), _value(disagg, c, "req_s")
+        if math.isfinite(a) and math.isfinite(d) and a > 0:
+            out[c] = 100.0 * (1.0 - d / a)
+    return out

@@ -1,0 +1,40 @@
+"""A real target for the calibrate and fidelity tests: a lab stack (`lab up --detach`) whose
+engine runs on the known curve of tests/calibrate/curves.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.calibrate.curves import write_true_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = str(Path(sys.executable).with_name("lab"))
+
+
+def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([LAB, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture
+def true_engine_args(tmp_path: Path) -> Path:
+    return write_true_engine(tmp_path / "true")
+
+
+@pytest.fixture
+def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
+    stack = tmp_path / "target"
+    up = lab("up", "--detach", "--engine-args", str(true_engine_args), "--speedup", "1",
+             "--out", str(stack))
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield next(w for w in up.stdout.split() if w.startswith("http://"))
+    finally:
+        down = lab("down", str(stack))
+        assert down.returncode == 0, down.stdout + down.stderr

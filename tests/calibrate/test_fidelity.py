@@ -1,0 +1,48 @@
+"""`lab fidelity` over real processes: a target (a lab stack on the known curve) against the lab
+launched with the same engine args (close), and with the defaults (its ITL is far off: the
+default decode step is about 5.8 ms, the curve's about 9.4 ms at these sizes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from lab.fidelity.gaps import METRICS
+from tests.calibrate.conftest import lab
+
+SMALL = ("--prompt-kind", "token_ids", "--conc", "1,4", "--requests", "12", "--isl", "64",
+         "--osl", "16", "--no-plots", "--in-process-client")
+VERDICTS = {"within 5%", "within 10%", "off"}
+
+
+def test_fidelity_compares_level_by_level(true_target: str, true_engine_args: Path,
+                                          tmp_path: Path) -> None:
+    out = tmp_path / "fid"
+    proc = lab("fidelity", "--target", true_target, "--engine-args", str(true_engine_args),
+               "--with-defaults", *SMALL, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "launching the lab stack" in proc.stderr and "c=4:" in proc.stderr  # progress
+    gaps = json.loads((out / "fidelity.json").read_text())["gaps"]
+    levels = {side: pd.read_csv(out / side / "levels.csv").set_index("concurrency")
+              for side in ("target", "lab", "lab-defaults")}
+    for side in ("lab", "lab-defaults"):
+        rows = gaps[side]
+        assert {(g["concurrency"], g["metric"]) for g in rows} == {
+            (c, m) for c in (1, 4) for m, _ in METRICS}
+        for g in rows:  # the gap is the run directories' own figures
+            t = levels["target"].loc[g["concurrency"], g["metric"]]
+            x = levels[side].loc[g["concurrency"], g["metric"]]
+            assert g["target"] == t and g["lab"] == x
+            assert abs(g["gap_pct"] - 100 * (x - t) / t) < 1e-9
+            assert g["verdict"] in VERDICTS
+    by = {(g["concurrency"], g["metric"]): g for g in gaps["lab"]}
+    # the same engine: close at concurrency 1 (at 4, how the closed loop's waves fall on a
+    # loaded box moves TTFT and ITL by 15-20% between runs of the same stack)
+    for metric in ("ttft_ms_p50", "itl_ms_p50"):
+        assert by[1, metric]["verdict"] != "off", by[1, metric]
+    defaults = {(g["concurrency"], g["metric"]): g for g in gaps["lab-defaults"]}
+    assert all(defaults[c, "itl_ms_p50"]["verdict"] == "off" for c in (1, 4)), defaults
+    md = (out / "fidelity.md").read_text()
+    assert "| 4 | ITL p50 (ms) |" in md and "lab defaults" in md
