@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lab.commands.report:report", "Rebuild levels, plots and report.md of a run."),
     "compare": ("lab.commands.compare:compare", "Compare runs aligned by concurrency."),
     "nagle": ("lab.commands.nagle:nagle", "Probe the idle-connection Nagle / delayed-ACK stall."),
+    "render": ("launch.k8s.cli:render", "Render a topology as Kubernetes manifests (render k8s)."),
     "sidecar": ("lab.serve.sidecar.cli:sidecar", "Run one sidecar (engine <-> request plane)."),
     "frontend": ("lab.serve.frontend.cli:frontend", "Run the OpenAI-compatible frontend."),
 }
