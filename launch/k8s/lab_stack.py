@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from launch.commands import Programs, engine_argv, frontend_argv, sidecar_argv
+from launch.commands import Programs, engine_settings, frontend_argv, sidecar_argv
 from launch.k8s import objects as k
 from launch.k8s.etcd import etcd_objects
 from launch.k8s.names import Names
@@ -37,12 +37,21 @@ def lab_objects(spec: TopologySpec, opts: RenderOptions, names: Names) -> list[k
     return out
 
 
+def engine_argv(spec: TopologySpec, fleet: FleetSpec) -> list[str]:
+    """The launcher's engine settings (`launch.commands.engine_settings`) on the pod's fixed
+    gRPC port, without the fault-injection service: `lab fault` does not reach a cluster, and
+    its Exit/Freeze RPCs must not be open on the pod network."""
+    settings = engine_settings(spec, fleet, k.ref(k.POD_NAME), port=ENGINE_PORT,
+                               host=ALL_ADDRESSES).model_copy(update={"admin_listen": None})
+    return [*IMAGE_PROGRAMS.mocker, "serve", *settings.to_argv(), *fleet.extra_mocker_args]
+
+
 def _worker_deployment(spec: TopologySpec, fleet: FleetSpec, index: int, discovery: str,
                        opts: RenderOptions, names: Names) -> k.Obj:
     pod_name = k.ref(k.POD_NAME)
     engine = k.container(
         "engine", opts.image,
-        engine_argv(IMAGE_PROGRAMS, spec, fleet, pod_name, port=ENGINE_PORT, host=ALL_ADDRESSES),
+        engine_argv(spec, fleet),
         ports={"grpc": ENGINE_PORT}, env=k.downward_env(),
         # readiness: `inference` (NOT_SERVING while paused or draining); liveness: `liveness`,
         # the service the lab's sidecar watches too (lab/serve/sidecar/liveness.py)
