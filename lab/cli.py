@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "clean": ("launch.cli:clean", "Remove leftovers (processes, namespaces) of crashed runs."),
     "sweep": ("lab.commands.sweep:sweep", "Sweep concurrency on a launched stack or a --target."),
     "report": ("lab.commands.report:report", "Rebuild levels, plots and report.md of a run."),
+    "merge": ("lab.commands.merge:merge", "Join the shards of `lab sweep --shard` into one run."),
     "compare": ("lab.commands.compare:compare", "Compare runs aligned by concurrency."),
     "nagle": ("lab.commands.nagle:nagle", "Probe the idle-connection Nagle / delayed-ACK stall."),
     "render": ("launch.k8s.cli:render", "Render a topology as Kubernetes manifests (render k8s)."),

@@ -16,6 +16,8 @@ from typing import Any
 import click
 
 from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
+from lab.commands.shard import shard_options, sharded
+from lab.commands.shard import start as shard_start
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.client import ClientOptions
 from lab.load.workload import WorkloadSpec
@@ -128,6 +130,7 @@ def _positive(name: str, value: float | None) -> None:
 @click.option("--conc", default=DEFAULT_CONC, show_default=True, metavar="LIST",
               help="Concurrency levels (requests in flight), comma-separated.")
 @topology_options
+@shard_options
 @click.option("--isl", type=int, default=DEFAULT_ISL, show_default=True,
               help="Input (prompt) tokens per request: exact in --tokenizer's tokenizer when "
               "given, else in the lab frontend's word tokenizer.")
@@ -191,7 +194,7 @@ def sweep(**kw: Any) -> None:
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
     procs.parquet, plots/*.png, report.md, logs/. Prints the results table and the knee.
     """
-    concs = parse_conc(kw["conc"])
+    concs = sharded(parse_conc(kw["conc"]), kw)
     for name, key in (("--isl", "isl"), ("--osl", "osl"), ("--requests", "n_requests"),
                       ("--duration", "duration"), ("--repeat", "repeat"),
                       ("--client-procs", "client_procs"), ("--timeout", "timeout_s"),
@@ -247,6 +250,7 @@ def sweep(**kw: Any) -> None:
                               quiet=kw["quiet"])
         plan.workload = replace(workload, include_usage=info.include_usage)
         run_dir = make_dir(name, kw["out"])
+        shard_start(run_dir, kw)
         code = run_target(run_dir, info.url, info.model, plan, slos, kw, info.to_dict(),
                           server_pids)
     elif kw["compare_disagg"]:

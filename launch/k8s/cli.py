@@ -50,6 +50,31 @@ def _checked(check: Any, value: str | None, option: str) -> str | None:
         raise click.BadParameter(str(exc), param_hint=f"'{option}'") from None
 
 
+def _client_conc(value: str | None, shards: int) -> str | None:
+    if value is None:
+        return None
+    if not shards:
+        raise click.UsageError("--client-conc needs --client-shards")
+    try:
+        levels = [int(v) for v in value.split(",")]
+    except ValueError:
+        levels = []
+    bad = [c for c in levels if c < 1 or c % shards]
+    if not levels or bad:
+        raise click.BadParameter(f"{value!r}: expected positive multiples of --client-shards "
+                                 f"{shards}, comma-separated", param_hint="'--client-conc'")
+    return ",".join(map(str, levels))
+
+
+def _split_args(value: str) -> list[str]:
+    import shlex
+
+    try:
+        return shlex.split(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r}: {exc}", param_hint="'--client-args'") from None
+
+
 @click.group()
 def render() -> None:
     """Render a topology for another platform (Kubernetes)."""
@@ -83,13 +108,27 @@ def render() -> None:
               help="CPU request and memory request/limit of a container: engine, sidecar, "
               "frontend, client (repeatable).  [default: engine=1,1Gi sidecar=500m,512Mi "
               "frontend=1,1Gi client=1,1Gi]")
+@click.option("--client-shards", type=click.IntRange(0, 1000), default=0, show_default=True,
+              metavar="N", help="Render the load client as an Indexed Job of N pods (`lab sweep "
+              "--target --shard I/N`, started together through an etcd barrier; `lab merge` "
+              "joins their run directories). 0: no client.")
+@click.option("--client-conc", default=None, metavar="LIST",
+              help="The client's `--conc` levels, each a multiple of N.  [default: N,8N,32N]")
+@click.option("--client-args", default="", metavar="ARGS",
+              help="More `lab sweep` options for every shard, one shell-quoted string, e.g. "
+              "\"--isl 512 --osl 128 --requests 2000\".")
+@click.option("--results-claim", default=None, metavar="PVC",
+              help="An existing PersistentVolumeClaim (ReadWriteMany) for the shards' run "
+              "directories.  [default: render one, <name>-client-results, 1Gi]")
 @click.option("--validate", "validate_versions", default=None, metavar="VERSIONS",
               help="Check every object against the Kubernetes schemas of these versions, "
               "e.g. 1.30,1.34 (needs the k8s extra); exit 1 naming each problem.")
 @topology_options
 def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None,
         etcd: str | None, etcd_image: str, sidecar: str, dynamo_image: str, model_path: str,
-        resources: tuple[str, ...], validate_versions: str | None, **kw: Any) -> None:
+        resources: tuple[str, ...], client_shards: int, client_conc: str | None,
+        client_args: str, results_claim: str | None, validate_versions: str | None,
+        **kw: Any) -> None:
     """Write Kubernetes manifests of TOPOLOGY (a TOML file as `lab up --topology` takes, or the
     topology flags). Nothing is applied: `kubectl apply -f OUT`."""
     if topology_file is not None:
@@ -104,7 +143,10 @@ def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None
         image=image, namespace=_checked(check_namespace, namespace, "--namespace"),
         etcd=_checked(check_etcd, etcd, "--etcd"), etcd_image=etcd_image, sidecar=sidecar,
         dynamo_image=dynamo_image, model_path=model_path)
-    opts = dataclasses.replace(opts, **_resources(resources))
+    opts = dataclasses.replace(
+        opts, **_resources(resources), client_shards=client_shards,
+        client_conc=_client_conc(client_conc, client_shards),
+        client_args=tuple(_split_args(client_args)), results_claim=results_claim)
     from launch.k8s.render import render as render_objects
     from launch.k8s.render import write
 

@@ -12,7 +12,8 @@ import dataclasses
 
 from launch.commands import Programs, engine_settings, frontend_argv, sidecar_argv
 from launch.k8s import objects as k
-from launch.k8s.etcd import etcd_objects
+from launch.k8s.client_job import client_objects
+from launch.k8s.etcd import etcd_endpoint, etcd_objects
 from launch.k8s.names import Names
 from launch.k8s.options import ENGINE_PORT, FRONTEND_PORT, RenderOptions
 from launch.topology import FleetSpec, TopologySpec
@@ -34,6 +35,10 @@ def lab_objects(spec: TopologySpec, opts: RenderOptions, names: Names) -> list[k
     for index, fleet in enumerate(spec.fleets):
         out.append(_worker_deployment(spec, fleet, index, discovery, opts, names))
     out.extend(_frontend(spec, discovery, opts, names))
+    if opts.client_shards:
+        target = f"http://{names.frontend}:{frontend_port(spec)}"
+        out.extend(client_objects(opts, names, target, spec.model, etcd_endpoint(opts, names),
+                                  "/health"))
     return out
 
 

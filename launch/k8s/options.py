@@ -46,6 +46,11 @@ class RenderOptions:
     # the model directory inside the image (tokenizer.json + config.json): Dynamo's sidecar
     # needs one (--model-path); the lab's stack uses the topology's `tokenizer`, if any
     model_path: str = "/models/lab"
+    # the load client as an Indexed Job of this many shards (0: no Job)
+    client_shards: int = 0
+    client_conc: str | None = None  # `lab sweep --conc` (multiples of client_shards)
+    client_args: tuple[str, ...] = ()  # more `lab sweep` options, e.g. ("--isl", "512")
+    results_claim: str | None = None  # an existing PVC for the shards' run directories
     engine: Resources = field(default_factory=lambda: Resources("1", "1Gi"))
     sidecar_res: Resources = field(default_factory=lambda: Resources("500m", "512Mi"))
     frontend: Resources = field(default_factory=lambda: Resources("1", "1Gi"))

@@ -11,12 +11,16 @@ command, args and env, with these substitutions, and nothing else:
   `0.0.0.0` becomes 127.0.0.1 (nothing listens beyond loopback);
 * Service names: `NAME:PORT` of a Service becomes 127.0.0.1 and the remapped targetPort of the
   one pod it selects (the tests' Services select one pod each);
-* emptyDir volumes: a mountPath becomes a fresh directory under the test's tmp dir;
+* the Job's downward API: pod I of an Indexed Job gets the completion-index annotation I, and
+  every pod of the Job the same `batch.kubernetes.io/controller-uid` label (a fresh uuid);
+* volumes: a mountPath becomes a directory under the test's tmp dir: one per pod for an
+  emptyDir, one per claim for a persistentVolumeClaim (shared by the pods that mount it);
 * programs: `mocker` and `lab` are the venv's console scripts beside this interpreter (the
   image's PATH), anything else (etcd) is looked up on PATH.
 
-Pods start in file order; in a pod the native sidecars (init containers with
-`restartPolicy: Always`) start before the main containers, as the kubelet starts them. A
+Pods start in file order; in a pod the init containers run first, as the kubelet runs them: a
+native sidecar (`restartPolicy: Always`) is started and kept running, any other init
+container must exit 0 before the next container starts. A
 StatefulSet's pod (etcd) must be ready before the next object starts, because this runner does
 not restart a crashed container the way the kubelet would.
 """
@@ -29,6 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,13 +77,15 @@ class Pod:
     mounts: dict[str, Path] = field(default_factory=dict)  # mountPath -> local dir
     procs: list[tuple[dict[str, Any], Proc]] = field(default_factory=list)
     kind: str = "Deployment"
+    downward: dict[str, str] = field(default_factory=dict)  # fieldPath -> value
 
     def containers(self) -> list[dict[str, Any]]:
-        """Start order: native sidecars, then the main containers."""
-        init = self.spec.get("initContainers", [])
-        assert all(c.get("restartPolicy") == "Always" for c in init), \
-            "only native sidecars are supported as init containers"
-        return [*init, *self.spec["containers"]]
+        """Start order: init containers, then the main containers."""
+        return [*self.spec.get("initContainers", []), *self.spec["containers"]]
+
+    def main_procs(self) -> list[Proc]:
+        names = {c["name"] for c in self.spec["containers"]}
+        return [proc for c, proc in self.procs if c["name"] in names]
 
 
 @dataclass
@@ -92,17 +99,31 @@ class Cluster:
 
     def plan(self) -> None:
         for obj in self.objects:
-            if obj["kind"] in ("Deployment", "StatefulSet"):
-                template = obj["spec"]["template"]
-                for replica in range(obj["spec"]["replicas"]):
-                    pod = Pod(f"{obj['metadata']['name']}-{replica}",
-                              template["metadata"]["labels"], template["spec"], kind=obj["kind"])
-                    for c in pod.containers():
-                        for p in c.get("ports", []):
-                            pod.ports[p["containerPort"]] = free_port()
-                        for m in c.get("volumeMounts", []):
-                            pod.mounts[m["mountPath"]] = self.workdir / pod.name / m["name"]
-                    self.pods.append(pod)
+            if obj["kind"] not in ("Deployment", "StatefulSet", "Job"):
+                continue
+            template = obj["spec"]["template"]
+            job_uid = str(uuid.uuid4())
+            count = obj["spec"]["completions" if obj["kind"] == "Job" else "replicas"]
+            for replica in range(count):
+                pod = Pod(f"{obj['metadata']['name']}-{replica}", template["metadata"]["labels"],
+                          template["spec"], kind=obj["kind"])
+                pod.downward = {"metadata.name": pod.name, "status.podIP": LOOPBACK,
+                                "metadata.namespace": "default"}
+                if obj["kind"] == "Job":
+                    pod.downward.update({
+                        "metadata.annotations['batch.kubernetes.io/job-completion-index']":
+                            str(replica),
+                        "metadata.labels['batch.kubernetes.io/controller-uid']": job_uid})
+                volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
+                for c in pod.containers():
+                    for p in c.get("ports", []):
+                        pod.ports[p["containerPort"]] = free_port()
+                    for m in c.get("volumeMounts", []):
+                        claim = volumes[m["name"]].get("persistentVolumeClaim")
+                        pod.mounts[m["mountPath"]] = (
+                            self.workdir / "claims" / claim["claimName"] if claim
+                            else self.workdir / pod.name / m["name"])
+                self.pods.append(pod)
         for obj in self.objects:
             if obj["kind"] != "Service":
                 continue
@@ -132,12 +153,10 @@ class Cluster:
         return text
 
     def argv_env(self, pod: Pod, c: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-        downward = {"metadata.name": pod.name, "status.podIP": LOOPBACK,
-                    "metadata.namespace": "default"}
         env: dict[str, str] = {}
         for e in c.get("env", []):
             if "valueFrom" in e:
-                env[e["name"]] = downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+                env[e["name"]] = pod.downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
             else:
                 env[e["name"]] = self.rewrite(pod, expand(e["value"], env))
         argv = [self.rewrite(pod, expand(a, env)) for a in [*c["command"], *c.get("args", [])]]
@@ -150,11 +169,16 @@ class Cluster:
         self.plan()
         for pod in self.pods:
             for path in pod.mounts.values():
-                path.mkdir(parents=True)
+                path.mkdir(parents=True, exist_ok=True)
+            init = {c["name"] for c in pod.spec.get("initContainers", [])
+                    if c.get("restartPolicy") != "Always"}
             for c in pod.containers():
                 argv, env = self.argv_env(pod, c)
-                pod.procs.append((c, spawn(f"{pod.name}.{c['name']}", argv, ready=False,
-                                           env=env)))
+                proc = spawn(f"{pod.name}.{c['name']}", argv, ready=False, env=env)
+                pod.procs.append((c, proc))
+                if c["name"] in init:
+                    code = proc.popen.wait(timeout_s)
+                    assert code == 0, f"init container {proc.name} exited {code}:\n{proc.log()}"
             if pod.kind == "StatefulSet":
                 self.wait_ready([pod], timeout_s)
 
@@ -187,7 +211,8 @@ class Cluster:
         """Every readiness and liveness probe of the pods passes (the kubelet's Ready)."""
         pods = self.pods if pods is None else pods
         deadline = time.monotonic() + timeout_s
-        pending = [(pod, c, proc, probe) for pod in pods for c, proc in pod.procs
+        pending = [(pod, c, proc, probe) for pod in pods if pod.kind != "Job"
+                   for c, proc in pod.procs
                    for key in ("readinessProbe", "livenessProbe")
                    if (probe := c.get(key)) is not None]
         assert pending, "no probes to wait on"

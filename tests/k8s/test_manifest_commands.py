@@ -7,7 +7,9 @@ etcd discovery as rendered (Debian's etcd-server on PATH runs the StatefulSet's 
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from lab.commands.merge import merge
 from lab.commands.sweep import sweep
 from launch.k8s.options import FRONTEND_PORT, RenderOptions
 from launch.k8s.render import read, render, write
@@ -56,3 +59,46 @@ def test_rendered_commands_serve_a_sweep(spec: TopologySpec, spawn: Callable[...
     errors = req.loc[~req["ok"], ["error_kind", "error_message"]]
     assert errors.empty, errors.to_string()
     assert (req["output_tokens"] == 8).all(), req["output_tokens"].tolist()
+
+
+@pytest.mark.timeout(300)
+def test_client_job_shards_meet_and_merge(spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """The Indexed Job's 2 pods wait for the frontend, meet at the etcd barrier, each sweep
+    their half of every level, and `lab merge` makes one run of them with 0 errors."""
+    spec = TopologySpec.aggregated(engines=1, name="agg", grace_s=2)
+    opts = RenderOptions(client_shards=2, client_conc="2,4", client_args=(
+        "--isl", "16", "--osl", "8", "--requests", "8", "--warmup", "1", "--timeout", "30"))
+    cluster = Cluster(render(spec, opts), tmp_path / "pods")
+    cluster.start(spawn)
+    cluster.wait_ready()
+    clients = [p for pod in cluster.pods if pod.kind == "Job" for p in pod.main_procs()]
+    assert len(clients) == 2
+    deadline = time.monotonic() + 240
+    while any(p.popen.poll() is None for p in clients):  # a failed shard fails the test at once
+        failed = [p for p in clients if p.popen.poll() not in (None, 0)]
+        assert not failed, failed[0].log()[-3000:]
+        assert time.monotonic() < deadline, "the client shards did not finish in time"
+        time.sleep(0.2)
+    assert [p.popen.returncode for p in clients] == [0, 0], [p.log()[-2000:] for p in clients]
+    (uid_dir,) = (tmp_path / "pods" / "claims" / "agg-client-results").iterdir()
+    shards = sorted(uid_dir.glob("shard-*"))
+    assert [s.name for s in shards] == ["shard-0", "shard-1"]
+    infos = [json.loads((s / "shard.json").read_text()) for s in shards]
+    # one agreed start for both, each ran half of every level
+    assert infos[0]["barrier"]["start_wall_ns"] == infos[1]["barrier"]["start_wall_ns"]
+    assert all(i["levels"] == {"1": 2, "2": 4} for i in infos)
+    for s in shards:
+        assert set(pd.read_parquet(s / "requests.parquet")["concurrency"]) == {1, 2}
+    out = tmp_path / "merged"
+    result = CliRunner().invoke(merge, [*map(str, shards), "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    req = pd.read_parquet(out / "requests.parquet")
+    req = req[~req["warmup"]]
+    assert sorted(set(req["concurrency"])) == [2, 4]
+    assert len(req) == 2 * 2 * 4  # 2 levels x 2 shards x ceil(8 / 2) requests
+    errors = req.loc[~req["ok"], ["error_kind", "error_message"]]
+    assert errors.empty, errors.to_string()
+    # on one clock: every request's stamps lie after the agreed start
+    assert (req["sent_ns"] >= infos[0]["barrier"]["start_wall_ns"]).all()
+    levels = json.loads((out / "levels.json").read_text())
+    assert [lv["concurrency"] for lv in levels] == [2, 4]
