@@ -35,7 +35,7 @@ def default_conc(shards: int) -> str:
 
 
 def client_objects(opts: RenderOptions, names: Names, target: str, model: str, etcd: str,
-                   health_path: str) -> list[k.Obj]:
+                   health_path: str, extra: tuple[str, ...] = ()) -> list[k.Obj]:
     n = opts.client_shards
     env = [
         {"name": JOB_INDEX, "valueFrom": {"fieldRef": {
@@ -48,7 +48,7 @@ def client_objects(opts: RenderOptions, names: Names, target: str, model: str, e
             "--conc", opts.client_conc or default_conc(n),
             "--shard", f"{index}/{n}", "--barrier", f"etcd://{etcd}/{uid}",
             "--out", f"{RESULTS_MOUNT}/{uid}/shard-{index}", "--quiet", "--no-plots",
-            *opts.client_args]
+            *extra, *opts.client_args]
     mounts = [{"name": "results", "mountPath": RESULTS_MOUNT}]
     client = k.container("client", opts.image, argv, env=env, mounts=mounts,
                          res=k.resources(opts.client.cpu, opts.client.memory))

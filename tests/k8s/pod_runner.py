@@ -7,16 +7,19 @@ command, args and env, with these substitutions, and nothing else:
 * the downward API: POD_NAME = `<workload>-<replica>`, POD_IP = 127.0.0.1, POD_NAMESPACE =
   default; `$(VAR)` in command and args is expanded as the kubelet does (`$$` escapes);
 * ports: every pod shares 127.0.0.1, so each containerPort of a pod gets a free port of its
-  own, and `HOST:PORT` of that port (in args, env values and probes) is rewritten to it;
-  `0.0.0.0` becomes 127.0.0.1 (nothing listens beyond loopback);
+  own, and `HOST:PORT` of that port (in args, env values and probes), or an arg that is that
+  port alone, is rewritten to it; `0.0.0.0` becomes 127.0.0.1 (nothing listens beyond
+  loopback);
 * Service names: `NAME:PORT` of a Service becomes 127.0.0.1 and the remapped targetPort of the
   one pod it selects (the tests' Services select one pod each);
 * the Job's downward API: pod I of an Indexed Job gets the completion-index annotation I, and
   every pod of the Job the same `batch.kubernetes.io/controller-uid` label (a fresh uuid);
 * volumes: a mountPath becomes a directory under the test's tmp dir: one per pod for an
   emptyDir, one per claim for a persistentVolumeClaim (shared by the pods that mount it);
-* programs: `mocker` and `lab` are the venv's console scripts beside this interpreter (the
-  image's PATH), anything else (etcd) is looked up on PATH.
+* programs: `mocker`, `lab` and `python3` are the venv's, beside this interpreter (the
+  image's PATH), or for an image in `interpreters` (Dynamo's) `python3` is that interpreter;
+  anything else (etcd) is looked up on PATH;
+* paths inside an image (`paths`, e.g. the model dir /models/lab) become local paths.
 
 Pods start in file order; in a pod the init containers run first, as the kubelet runs them: a
 native sidecar (`restartPolicy: Always`) is started and kept running, any other init
@@ -96,6 +99,8 @@ class Cluster:
     workdir: Path
     pods: list[Pod] = field(default_factory=list)
     services: dict[str, str] = field(default_factory=dict)  # "NAME:PORT" -> "127.0.0.1:P"
+    interpreters: dict[str, str] = field(default_factory=dict)  # image -> its python3
+    paths: dict[str, Path] = field(default_factory=dict)  # path in the image -> local path
 
     def plan(self) -> None:
         for obj in self.objects:
@@ -147,8 +152,12 @@ class Cluster:
             host = LOOPBACK if m.group("host") == "0.0.0.0" else m.group("host")
             return f"{host}:{pod.ports.get(port, port)}"
 
+        if text.isdigit() and int(text) in pod.ports:  # a port on its own (`--http-port 8000`)
+            return str(pod.ports[int(text)])
+        if text == "0.0.0.0":  # a host on its own (`--http-host 0.0.0.0`)
+            return LOOPBACK
         text = _HOSTPORT.sub(sub, text)
-        for mount, local in pod.mounts.items():
+        for mount, local in [*pod.mounts.items(), *self.paths.items()]:
             text = text.replace(mount, str(local))
         return text
 
@@ -161,7 +170,10 @@ class Cluster:
                 env[e["name"]] = self.rewrite(pod, expand(e["value"], env))
         argv = [self.rewrite(pod, expand(a, env)) for a in [*c["command"], *c.get("args", [])]]
         beside = Path(sys.executable).parent / argv[0]
-        found = str(beside) if beside.exists() else shutil.which(argv[0])
+        if argv[0] == "python3" and c["image"] in self.interpreters:
+            found: str | None = self.interpreters[c["image"]]
+        else:
+            found = str(beside) if beside.exists() else shutil.which(argv[0])
         assert found, f"{argv[0]} is not installed"
         return [found, *argv[1:]], env
 

@@ -30,8 +30,8 @@ pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
 REQUESTS = 6
 
 
-def sweep_through(url: str, out: Path) -> pd.DataFrame:
-    result = CliRunner().invoke(sweep, [
+def sweep_through(url: str, out: Path, *extra: str) -> pd.DataFrame:
+    result = CliRunner().invoke(sweep, [*extra,
         "--target", url, "--isl", "16", "--osl", "8", "--conc", "1,3",
         "--requests", str(REQUESTS), "--warmup", "1", "--timeout", "30", "--quiet",
         "--no-plots", "--out", str(out)])
@@ -102,3 +102,37 @@ def test_client_job_shards_meet_and_merge(spawn: Callable[..., Proc], tmp_path: 
     assert (req["sent_ns"] >= infos[0]["barrier"]["start_wall_ns"]).all()
     levels = json.loads((out / "levels.json").read_text())
     assert [lv["concurrency"] for lv in levels] == [2, 4]
+
+
+@pytest.mark.timeout(300)
+def test_dynamo_arrangement_serves_a_sweep(spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """`--sidecar dynamo`: the mocker with Dynamo 1.6.1's TRT-LLM sidecar as its native sidecar
+    and Dynamo's frontend, etcd discovery, started as rendered (the Dynamo image's python3 is
+    the Dynamo venv's; the image's model dir is one the test builds)."""
+    from tests.interop import dynamo_stack as dyn
+    from tests.interop.model_dir import build_model_dir
+
+    reason = dyn.unusable_reason()
+    if reason:
+        pytest.skip(reason)
+    opts = RenderOptions(sidecar="dynamo")
+    model = tmp_path / "model"
+    build_model_dir(model)
+    spec = TopologySpec.aggregated(engines=1, name="dyn", grace_s=2)
+    cluster = Cluster(render(spec, opts), tmp_path / "pods",
+                      interpreters={opts.dynamo_image: str(dyn.python())},
+                      paths={opts.model_path: model})
+    cluster.start(spawn)
+    cluster.wait_ready()
+    url = cluster.service_url("dyn-frontend", FRONTEND_PORT)
+    frontend = next(p for pod in cluster.pods for p in pod.main_procs()
+                    if pod.name == "dyn-frontend-0")
+    # Dynamo's /health answers before a model is registered: wait as the interop tests do
+    dyn.wait_until(lambda: str(model) in dyn.served_models(url), "the model in /v1/models",
+                   lambda: None if frontend.popen.poll() is None else frontend.log()[-2000:],
+                   timeout_s=90)
+    req = sweep_through(url, tmp_path / "run", "--model", str(model), "--tokenizer", str(model),
+                        "--endpoint", "completions")
+    errors = req.loc[~req["ok"], ["error_kind", "error_message"]]
+    assert errors.empty, errors.to_string()
+    assert len(req) == 2 * REQUESTS

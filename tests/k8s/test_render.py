@@ -23,9 +23,12 @@ def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
 
 
+@pytest.mark.parametrize("sidecar", ["lab", "dynamo"])
 @pytest.mark.parametrize("spec", [aggregated(), disaggregated()], ids=["agg", "2p4d"])
-def test_every_object_is_valid_on_every_supported_version(spec) -> None:
-    objects = render(spec, RenderOptions())
+def test_every_object_is_valid_on_every_supported_version(spec, sidecar: str) -> None:
+    objects = render(spec, RenderOptions(sidecar=sidecar, client_shards=4))
+    assert {"Job", "PersistentVolumeClaim", "StatefulSet", "Deployment", "Service"} == {
+        o["kind"] for o in objects}
     assert problems(objects, DEFAULT_VERSIONS) == []
     assert DEFAULT_VERSIONS == ("1.30", "1.31", "1.32", "1.33", "1.34")
 
@@ -125,6 +128,9 @@ def test_cli_writes_validated_manifests(tmp_path: Path) -> None:
     (["--validate", "latest"], "--validate"),
     (["--name", "x" * 40], "name"),
     (["/nonexistent.toml"], "--topology"),
+    (["--client-shards", "2", "--client-conc", "3"], "--client-conc"),
+    (["--client-conc", "4"], "--client-shards"),
+    (["--client-shards", "2", "--client-args", "'unclosed"], "--client-args"),
 ])
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], named: str) -> None:
     result = CliRunner().invoke(main, ["render", "k8s", "--out", str(tmp_path / "o"), *args])
@@ -132,3 +138,34 @@ def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], named:
     assert "Traceback" not in result.output
     assert named in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_dynamo_arrangement() -> None:
+    objects = render(disaggregated(), RenderOptions(sidecar="dynamo"))
+    pod = by_kind(objects, "Deployment")["pd-prefill"]["spec"]["template"]["spec"]
+    (engine,) = pod["containers"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["args"][:2] == ["-m", "dynamo.trtllm.sidecar"]
+    assert sidecar["args"][sidecar["args"].index("--disaggregation-mode") + 1] == "prefill"
+    assert sidecar["args"][sidecar["args"].index("--grpc-endpoint") + 1] == "127.0.0.1:50051"
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["ETCD_ENDPOINTS"] == "http://pd-etcd:2379"
+    assert env["DYN_TCP_RPC_HOST"] == "$(POD_IP)"
+    # the engine emits the model dir's vocabulary, as in the interop tests
+    assert engine["args"][engine["args"].index("--tokenizer") + 1] == "/models/lab"
+    (fe,) = by_kind(objects, "Deployment")["pd-frontend"]["spec"]["template"]["spec"][
+        "containers"]
+    assert fe["args"][:2] == ["-m", "dynamo.frontend"]
+
+
+def test_client_job_is_indexed_and_sharded() -> None:
+    objects = render(aggregated(), RenderOptions(client_shards=3))
+    job = by_kind(objects, "Job")["agg-client"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 3
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--shard") + 1] == "$(JOB_COMPLETION_INDEX)/3"
+    assert args[args.index("--conc") + 1] == "3,24,96"
+    assert args[args.index("--target") + 1] == "http://agg-frontend:8000"
+    assert args[args.index("--barrier") + 1] == "etcd://agg-etcd:2379/$(JOB_UID)"
