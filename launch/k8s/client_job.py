@@ -14,6 +14,8 @@ from launch.k8s.names import Names
 from launch.k8s.options import RenderOptions
 
 RESULTS_MOUNT = "/results"
+#: The group of the image's non-root user (launch/k8s/Dockerfile: USER 65532:65532).
+IMAGE_GID = 65532
 JOB_INDEX = "JOB_COMPLETION_INDEX"
 JOB_UID = "JOB_UID"
 #: Polls GET URL until it answers 200; the image's interpreter, no other tool needed.
@@ -59,6 +61,8 @@ def client_objects(opts: RenderOptions, names: Names, target: str, model: str, e
     pod = k.pod_spec([client], init=[wait], restart="Never",
                      volumes=[{"name": "results",
                                "persistentVolumeClaim": {"claimName": claim}}])
+    # the image's user may write the claim (a fresh volume is root's)
+    pod["securityContext"] = {"fsGroup": IMAGE_GID}
     labels = names.labels("client")
     out = []
     if opts.results_claim is None:
