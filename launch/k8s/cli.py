@@ -99,7 +99,7 @@ def render() -> None:
               "frontend in front of the lab's mocker engines.")
 @click.option("--dynamo-image", default=DEFAULT_DYNAMO_IMAGE, show_default=True,
               help="With --sidecar dynamo: the image with Dynamo 1.6.1 (launch/k8s/Dockerfile, "
-              "--build-arg DYNAMO=1).")
+              "--target dynamo).")
 @click.option("--model-path", default=RenderOptions.model_path, show_default=True,
               help="With --sidecar dynamo: the model directory inside the image "
               "(tokenizer.json, config.json) for Dynamo's --model-path and the mockers' "
