@@ -131,6 +131,11 @@ def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None
         **kw: Any) -> None:
     """Write Kubernetes manifests of TOPOLOGY (a TOML file as `lab up --topology` takes, or the
     topology flags). Nothing is applied: `kubectl apply -f OUT`."""
+    try:
+        import yaml  # noqa: F401 - the manifests' format; the k8s extra installs it
+    except ModuleNotFoundError:
+        raise click.ClickException("lab render k8s writes YAML: install the k8s extra "
+                                   "(pip install 'loadlab[k8s]')") from None
     if topology_file is not None:
         if kw.get("topology") is not None:
             raise click.UsageError("give the topology file once (TOPOLOGY or --topology)")
