@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from lab.commands.shard import ShardSettings, plan_shard
+from lab.commands.shard import start as shard_start
 from lab.commands.sweep_settings import (
     FaultSpec,
     SweepSettings,
@@ -95,8 +97,9 @@ def _given(param: str) -> bool:
 @topology_options
 @options(ClientSettings, param="client")
 @options(ArrivalSettings, param="arrival")
+@options(ShardSettings, param="shard")
 def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSettings,
-          **topology: Any) -> None:
+          shard: ShardSettings, **topology: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
@@ -109,11 +112,18 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         raise click.UsageError("--conc and --rate are alternatives: a level is a concurrency "
                                "(closed loop) or a request rate (open loop)")
     target = settings.target
+    shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
+                            requests=settings.requests, seed=settings.seed)
+    concs = list(settings.conc)
+    if shard_plan is not None:
+        concs = list(shard_plan.levels)
+        settings = settings.model_copy(update={"requests": shard_plan.requests,
+                                               "seed": shard_plan.seed})
     workload = workload_from_options(
         {**{k: getattr(settings, k) for k in _WORKLOAD_FIELDS},
          "tokenizer": topology.get("tokenizer")}, target=target)
     plan = SweepPlan(
-        concurrency=[] if arrival.rate else list(settings.conc), workload=workload,
+        concurrency=[] if arrival.rate else concs, workload=workload,
         requests=settings.requests, duration_s=settings.duration, warmup=settings.warmup,
         repeat=settings.repeat, client=client.to_options(),
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
@@ -124,6 +134,7 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
                               quiet=settings.quiet)
         plan.workload = replace(workload, include_usage=info.include_usage)
         run_dir = make_dir(name, settings.out)
+        shard_start(run_dir, shard_plan)
         code = run_target(run_dir, info.url, info.model, plan, settings, topology.get("name"),
                           info.to_dict())
     elif settings.compare_disagg:
