@@ -4,6 +4,9 @@ the real click commands and check that what arrives is what was meant."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +221,17 @@ def test_the_topology_options_share_the_fields_bounds(args: list[str], named: st
 
     result = CliRunner().invoke(cmd, args)
     assert_usage_error(result.exit_code, result.output, named)
+
+
+def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path) -> None:
+    """The client's CPU and loop-lag figures are its own only in a process of its own."""
+    lab = str(Path(sys.executable).parent / "lab")
+    for extra, isolated in (([], True), (["--in-process-client"], False)):
+        out = tmp_path / f"run-{isolated}"
+        proc = subprocess.run(
+            [lab, "sweep", "--conc", "1", "--requests", "4", "--warmup", "0", "--osl", "4",
+             "--isl", "8", "--speedup", "0", "--no-plots", "--quiet", "--out", str(out), *extra],
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        config = json.loads((out / "config.json").read_text())
+        assert config["sweep"]["client"]["isolate"] is isolated, config["sweep"]["client"]

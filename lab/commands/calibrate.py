@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from lab.calibrate import probes as P
+from lab.commands.run_options import run_dir_options
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
 
@@ -107,15 +108,7 @@ def make_dir(name: str, out: Path | None) -> Path:
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS),
               default=120.0,
               show_default=True, metavar="SECONDS", help="Per-request timeout.")
-@click.option("--in-process-client", is_flag=True, default=False,
-              help="Run the load client inside this process (default: a child process per "
-              "probe, which costs about a second each).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory (must not exist or be empty).  "
-              "[default: results/<timestamp>-<name>]")
-@click.option("--name", default="calibrate", show_default=True, help="Run name.")
-@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plot.")
-@click.option("--quiet", is_flag=True, default=False, help="No progress lines.")
+@run_dir_options("calibrate")
 def calibrate(**kw: Any) -> None:
     """Measure a real stack at --target and fit the lab mocker's timing to it.
 

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from lab.commands.calibrate import make_dir, parse_ints
+from lab.commands.run_options import run_dir_options
 from lab.commands.sweep_settings import SweepSettings
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.sweep import SweepPlan
@@ -83,14 +84,7 @@ class Side:
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS),
               default=600.0,
               show_default=True, metavar="SECONDS", help="Per-request timeout.")
-@click.option("--in-process-client", is_flag=True, default=False,
-              help="Run the load client inside this process (default: a child process).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Run directory (must not exist or be empty).  "
-              "[default: results/<timestamp>-<name>]")
-@click.option("--name", default="fidelity", show_default=True, help="Run name.")
-@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
-@click.option("--quiet", is_flag=True, default=False, help="No progress lines.")
+@run_dir_options("fidelity")
 def fidelity(**kw: Any) -> None:
     """Sweep --target and the lab's stack (with --engine-args) the same way, and compare.
 

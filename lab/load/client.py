@@ -435,6 +435,10 @@ def split_share(concurrency: int, procs: int) -> list[int]:
 CLIENT_JOIN_TIMEOUT_S = 5.0
 
 
+#: Start of a multi-process level: every process begins this long after the last is ready.
+START_DELAY_NS = 100_000_000
+
+
 async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: int,
                      options: ClientOptions, progress: Callable[[Progress], None] | None
                      ) -> tuple[list[dict], list[dict]]:
@@ -442,16 +446,34 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
     next_index = ctx.Value("q", 0)
     done = ctx.Value("q", 0)
     errors = ctx.Value("q", 0)
-    shares = split_share(concurrency, options.procs)
+    args = [(url, payloads, share, warmup, options, k, next_index, done, errors)
+            for k, share in enumerate(split_share(concurrency, options.procs))]
+
+    def start_message(start_ns: int) -> tuple[int, int | None]:
+        deadline = start_ns + int(options.duration_s * 1e9) if options.duration_s else None
+        return start_ns, deadline
+
+    total = None if options.duration_s else payloads.n
+    return await run_client_processes(ctx, _child, args, start_message, done, errors, total,
+                                      progress)
+
+
+async def run_client_processes(ctx: Any, target: Callable[..., None], args: list[tuple],
+                               start_message: Callable[[int], Any], done: Any, errors: Any,
+                               total: int | None, progress: Callable[[Progress], None] | None
+                               ) -> tuple[list[dict], list[dict]]:
+    """Start one client process per `args` entry (`target(*args, pipe, parent_pid)`), wait
+    until each says "ready", send each `start_message(start_ns)` (one start for all), report
+    progress from the shared `done`/`errors` counters, and return the records and client infos
+    of all. Interrupted or failed: every child is terminated, then killed, and joined."""
     children = []
     stop = threading.Event()  # tells the threads waiting on children's pipes to give up
     completed = False
     try:
-        for k, share in enumerate(shares):
+        for k, child_args in enumerate(args):
             parent_end, child_end = ctx.Pipe()
-            p = ctx.Process(target=_child, name=f"lab-client-{k}", daemon=True,
-                            args=(url, payloads, share, warmup, options, k, next_index, done,
-                                  errors, child_end, os.getpid()))
+            p = ctx.Process(target=target, name=f"lab-client-{k}", daemon=True,
+                            args=(*child_args, child_end, os.getpid()))
             p.start()
             child_end.close()
             children.append((p, parent_end))
@@ -459,11 +481,9 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
             msg = await asyncio.to_thread(_recv, end, p, stop)
             if msg != "ready":
                 raise RuntimeError(f"client process {p.name} failed to start: {msg}")
-        start_ns = time.perf_counter_ns() + 50_000_000  # all start together, 50 ms from now
-        deadline = start_ns + int(options.duration_s * 1e9) if options.duration_s else None
+        start_ns = time.perf_counter_ns() + START_DELAY_NS
         for _, end in children:
-            end.send((start_ns, deadline))
-        total = None if options.duration_s else payloads.n
+            end.send(start_message(start_ns))
         async with asyncio.TaskGroup() as tg:
             waits = [tg.create_task(asyncio.to_thread(_recv, end, p, stop))
                      for p, end in children]

@@ -25,7 +25,7 @@ class ClientSettings(Settings):
         _DEFAULTS.fresh_connection, "Open a new HTTP connection per request (default: "
         "keep-alive, one pool).")
     in_process_client: bool = setting(
-        not _DEFAULTS.isolate, "Run the load client inside the sweep process (default: a child "
+        False, "Run the load client inside the sweep process (default: a child "
         "process, so the client's CPU and loop-lag figures are its own, not the launcher's).")
     gap_ms: float = setting(
         _DEFAULTS.gap_ms, "Idle time between a slot's response and its next request.", ge=0,

@@ -31,9 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import multiprocessing as mp
-import os
 import resource
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,16 +42,15 @@ import numpy as np
 from lab.load.arrivals import split_streams
 from lab.load.client import (
     _HEADERS,
-    CLIENT_JOIN_TIMEOUT_S,
     LOOP_LAG_INTERVAL_S,
     PROGRESS_INTERVAL_S,
     ClientOptions,
     LevelResult,
     Progress,
     _Payloads,
-    _recv,
     build_record,
     endpoint_url,
+    run_client_processes,
     split_share,
 )
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
@@ -65,8 +62,6 @@ SPIN_NS = 200_000
 PARSE_SLACK_NS = 2_000_000
 #: Sends in a row without yielding to the event loop, when the schedule is behind.
 MAX_SENDS_WITHOUT_YIELD = 16
-#: Start of a multi-process level: all processes begin this long after the last is ready.
-START_DELAY_NS = 100_000_000
 
 # (index, intended_ns, scheduled_ns, isl, osl, streaming)
 _Ctx = tuple[int, int, int, int | None, int | None, bool]
@@ -298,54 +293,11 @@ async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup:
     done = ctx.Value("q", 0)
     errors = ctx.Value("q", 0)
     caps = split_share(cap, procs) if cap is not None else [None] * procs
-    children = []
-    stop = threading.Event()
-    completed = False
-    try:
-        for k in range(procs):
-            mine = np.flatnonzero(streams == k)
-            parent_end, child_end = ctx.Pipe()
-            p = ctx.Process(target=_child, name=f"lab-client-{k}", daemon=True,
-                            args=(url, payloads, mine, offsets[mine], warmup, options,
-                                  caps[k], k, done, errors, child_end, os.getpid()))
-            p.start()
-            child_end.close()
-            children.append((p, parent_end))
-        for p, end in children:
-            msg = await asyncio.to_thread(_recv, end, p, stop)
-            if msg != "ready":
-                raise RuntimeError(f"client process {p.name} failed to start: {msg}")
-        start_ns = time.perf_counter_ns() + START_DELAY_NS
-        for _, end in children:
-            end.send(start_ns)
-        async with asyncio.TaskGroup() as tg:
-            waits = [tg.create_task(asyncio.to_thread(_recv, end, p, stop))
-                     for p, end in children]
-            while not all(w.done() for w in waits):
-                await asyncio.wait(waits, timeout=PROGRESS_INTERVAL_S)
-                if progress:
-                    progress(Progress(done.value, len(offsets), errors.value,
-                                      max(0.0, (time.perf_counter_ns() - start_ns) / 1e9)))
-        records: list[dict] = []
-        infos: list[dict] = []
-        for w, (p, _) in zip(waits, children, strict=True):
-            status, recs, info = w.result()
-            if status != "ok":
-                raise RuntimeError(f"client process {p.name} failed: {recs}")
-            records.extend(recs)
-            infos.append(info)
-        completed = True
-        return records, infos
-    finally:
-        stop.set()
-        for p, end in children:
-            if not completed and p.is_alive():
-                p.terminate()
-            p.join(timeout=CLIENT_JOIN_TIMEOUT_S)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=CLIENT_JOIN_TIMEOUT_S)
-            end.close()
+    mine = [np.flatnonzero(streams == k) for k in range(procs)]
+    args = [(url, payloads, mine[k], offsets[mine[k]], warmup, options, caps[k], k, done,
+             errors) for k in range(procs)]
+    return await run_client_processes(ctx, _child, args, lambda start_ns: start_ns, done,
+                                      errors, len(offsets), progress)
 
 
 async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarray, *,

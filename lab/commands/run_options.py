@@ -1,0 +1,34 @@
+"""The options of a command that writes a run directory and drives the load client (`lab
+calibrate`, `lab fidelity`): generated from `lab sweep`'s settings fields, so each option is
+written once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from lab.commands.sweep_settings import SweepSettings
+from lab.load.client_settings import ClientSettings
+from lab.shared.config_cli import field_option
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def run_dir_options(default_name: str) -> Callable[[F], F]:
+    """--in-process-client, --out, --name (default `default_name`), --no-plots, --quiet."""
+    stack = [
+        field_option(ClientSettings, "in_process_client"),
+        field_option(SweepSettings, "out"),
+        (("--name",), dict(default=default_name, show_default=True, help="Run name.")),
+        field_option(SweepSettings, "no_plots"),
+        field_option(SweepSettings, "quiet"),
+    ]
+
+    def decorate(func: F) -> F:
+        for decls, kwargs in reversed(stack):
+            func = click.option(*decls, **kwargs)(func)
+        return func
+
+    return decorate
