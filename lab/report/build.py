@@ -74,6 +74,14 @@ def compute_levels(run_dir: Path, requests: pd.DataFrame | None = None,
     return levels, by_concurrency(levels)
 
 
+def _measured_counts(requests: pd.DataFrame) -> str:
+    """The measured requests of each level, e.g. '100, 256, 1024' (in level order)."""
+    if not len(requests) or "concurrency" not in requests:
+        return "0"
+    counts = requests[~requests["warmup"]].groupby("concurrency", sort=True).size()
+    return ", ".join(str(int(n)) for n in counts)
+
+
 def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
     sweep = config.get("sweep") or {}
     lines = []
@@ -95,7 +103,9 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
             f"{wl.get('prompt_kind')} prompts, seed {wl.get('seed')}, "
             f"stream={wl.get('stream')}")
     per_level = (f"{sweep['duration_s']:g} s" if sweep.get("duration_s")
-                 else f"{sweep.get('requests')} requests")
+                 else f"{sweep['requests']} requests" if sweep.get("requests") is not None
+                 else f"{_measured_counts(requests)} requests (--requests not given: the "
+                 "default for each concurrency)")
     if sweep:
         warm = sweep.get("warmup")
         warm_txt = "one per slot (= the concurrency)" if warm is None else str(warm)

@@ -12,7 +12,11 @@ from lab.analysis.knee import Knee
 from lab.analysis.metrics import level_label
 
 CLIENT_CPU_BUSY_PCT = 90.0  # a client process using this much of a core is saturated
-CLIENT_LAG_P99_MS = 1.0  # event-loop lag p99 above this: the client delays its own stamps
+#: The client's event-loop lag delays its own stamps by up to the lag. It is flagged when its p99
+#: exceeds this share of the level's TTFT p50 (and 1 ms): the lag could then move the level's
+#: TTFT by more than that share. Below it, the lag is noise beside what the level measures.
+CLIENT_LAG_SHARE_OF_TTFT = 0.10
+CLIENT_LAG_FLOOR_MS = 1.0
 
 
 def _isnum(v: Any) -> bool:
@@ -72,20 +76,23 @@ def results_table(levels: pd.DataFrame) -> str:
 
 def client_sentence(levels: pd.DataFrame) -> str:
     """Says in words whether the load client limited the measurement: a client process near a
-    full core is the bottleneck; a lagging event loop with an idle client means the machine was
-    short of CPU (the client's timestamps then carry that delay)."""
+    full core is the bottleneck; an event loop lagging by more than CLIENT_LAG_SHARE_OF_TTFT of
+    the level's TTFT p50 with an idle client means the machine was short of CPU (the client's
+    timestamps then carry that delay)."""
     if "client_cpu_pct_max_proc" not in levels or levels["client_cpu_pct_max_proc"].isna().all():
         return "client health: not recorded for this run."
     busy, lagging = [], []
     for _, r in levels.iterrows():
         cpu = r.get("client_cpu_pct_max_proc")
         lag = r.get("loop_lag_p99_ms")
+        ttft = r.get("ttft_ms_p50")
         figures = (f"{level_label(r)}: a core at {fnum(cpu, 0)}% / "
                    f"loop lag p99 {fnum(lag, 1)} ms")
         if _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT:
             busy.append(figures)
-        elif _isnum(lag) and lag > CLIENT_LAG_P99_MS:
-            lagging.append(figures)
+        elif (_isnum(lag) and lag > CLIENT_LAG_FLOOR_MS
+              and (not _isnum(ttft) or lag > CLIENT_LAG_SHARE_OF_TTFT * ttft)):
+            lagging.append(f"{figures} against TTFT p50 {fnum(ttft, 1)} ms")
     out = []
     if busy:
         out.append("the client was the bottleneck at " + "; ".join(busy) +
@@ -93,8 +100,10 @@ def client_sentence(levels: pd.DataFrame) -> str:
                    "try --client-procs).")
     if lagging:
         out.append("the client's event loop lagged at " + "; ".join(lagging) +
-                   " while the client itself was not busy: the machine was short of CPU, so "
-                   "timestamps at those levels carry up to that much delay.")
+                   f" (above {CLIENT_LAG_SHARE_OF_TTFT:.0%} of the level's TTFT p50) while the "
+                   "client itself was not busy: "
+                   "the machine was short of CPU, so timestamps at those levels carry up to "
+                   "that much delay.")
     if out:
         return " ".join(out)
     cpu_max = levels["client_cpu_pct_max_proc"].max()

@@ -1,0 +1,42 @@
+"""The report's sentences about the client and the per-level request count."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from lab.report.build import _setup_lines
+from lab.report.markdown import client_sentence
+
+
+def _levels(lag_ms: float, ttft_ms: float, cpu_pct: float = 20.0) -> pd.DataFrame:
+    return pd.DataFrame([{"concurrency": 32, "client_cpu_pct_max_proc": cpu_pct,
+                          "loop_lag_p99_ms": lag_ms, "ttft_ms_p50": ttft_ms,
+                          "client_cpu_ms_per_req": 1.0}])
+
+
+def test_a_loop_lag_small_beside_the_ttft_is_not_called_a_cpu_shortage() -> None:
+    # 5 ms of lag against a 150 ms TTFT: at most 3% of the figure the level reports
+    assert client_sentence(_levels(5.0, 150.0)).startswith("the client kept up")
+
+
+def test_a_loop_lag_large_beside_the_ttft_is_flagged_with_both_figures() -> None:
+    text = client_sentence(_levels(5.0, 20.0))
+    assert "short of CPU" in text
+    assert "loop lag p99 5.0 ms against TTFT p50 20.0 ms" in text
+    assert "above 10% of the level's TTFT p50" in text
+
+
+def test_a_busy_client_is_the_bottleneck_whatever_the_lag() -> None:
+    assert "the client was the bottleneck" in client_sentence(_levels(0.1, 100.0, cpu_pct=95))
+
+
+def test_the_header_states_the_request_count_it_used_when_left_at_the_default() -> None:
+    requests = pd.DataFrame({"concurrency": [1] * 101 + [32] * 257,
+                             "warmup": [True] + [False] * 100 + [True] + [False] * 256,
+                             "ok": True})
+    lines = _setup_lines({"sweep": {"requests": None, "warmup": None}}, requests)
+    per_level = next(line for line in lines if line.startswith("per level:"))
+    assert "None" not in per_level
+    assert per_level.startswith("per level: 100, 256 requests (--requests not given")
+    given = _setup_lines({"sweep": {"requests": 50, "warmup": 0}}, requests)
+    assert any(line.startswith("per level: 50 requests + warm-up 0") for line in given)
