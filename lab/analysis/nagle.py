@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q, method="linear"))
 
 
-def sarle_bimodality(values: Sequence[float]) -> float | None:
+def sarle_bimodality(values: Sequence[float] | np.ndarray) -> float | None:
     """Sarle's bimodality coefficient with the sample skewness and excess kurtosis (n >= 4)."""
     x = np.asarray(values, dtype=float)
     n = x.size
@@ -160,7 +161,7 @@ def stall_stats(
     gap = None
     if cluster.size and fast.size:
         gap = _pct(cluster, 10) - _pct(fast, 90)
-    common = dict(
+    common: dict[str, Any] = dict(
         n=n,
         threshold_ms=threshold_ms,
         min_ms=float(x[0]),

@@ -141,7 +141,8 @@ def launched_verdict(
                 )
     # The stall's size: how much slower the cluster is than the control's typical request
     # (the fastest decile would also count the ordinary spread of request times).
-    delta = None if s1.cluster_median_ms is None else s1.cluster_median_ms - c1.p50_ms
+    delta = (None if s1.cluster_median_ms is None or c1.p50_ms is None
+             else s1.cluster_median_ms - c1.p50_ms)
     common = {
         "single": single,
         "suspect_label": s_arm.label,
@@ -230,7 +231,7 @@ def external_verdict(
     if m is not None:
         lines.append(Finding("shape", {"shape": "many", "many": many, "stats": m}))
         if present:
-            values = {"many": many, "share": m.cluster_share, "p50_ms": m.p50_ms,
+            values: dict[str, Any] = {"many": many, "share": m.cluster_share, "p50_ms": m.p50_ms,
                       "cluster_median_ms": r1.cluster_median_ms}
             if m.p50_ms is not None and r1.cluster_median_ms is not None and (
                 m.p50_ms >= r1.cluster_median_ms

@@ -199,6 +199,7 @@ async def _sweep_side(out: Path, side: Side, plan: Any, model: str, progress: An
     out.mkdir()
     sweep_cfg = {"sweep": {"name": side.name, "target": side.url, **plan.to_dict()}}
     if not side.is_lab:
+        assert side.url is not None  # a target side has its URL
         write_config(out, extra={"sweep": {**sweep_cfg["sweep"], "model": model}})
         await SweepRunner(out, side.url, model, plan, progress=progress).run()
         return

@@ -134,7 +134,7 @@ def write_outputs(
                    title="TTFT CDF per arm (solid: concurrency 1)")
     hist = ttft_histograms(samples, plots / "ttft_hist.png")
     table = stats_table(results, errors)
-    doc = {
+    doc: dict[str, Any] = {
         "mode": "external" if external else "launched",
         "target": opts.target,
         "model": opts.model,

@@ -32,7 +32,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -333,6 +333,7 @@ class _Slot:
 
     async def _connect(self, raw: RawResponse) -> Http1Connection | None:
         d = self.d
+        assert d.origin is not None  # set when the level starts, before any slot
         try:
             conn = await connect(d.origin, nodelay=d.options.http_nodelay,
                                  timeout_s=d.options.timeout_s)
@@ -549,7 +550,3 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     for r in records:
         r["concurrency"] = concurrency
     return LevelResult(concurrency=concurrency, records=records, procs=infos)
-
-
-def options_dict(options: ClientOptions) -> dict:
-    return asdict(options)

@@ -245,10 +245,12 @@ class SweepRunner:
         ok = [r for r in closed.records if r.get("ok") and not r.get("warmup")]
         if not ok:
             raise LevelFailed(f"c={AUTO_CONCURRENCY}", closed.records)
+        assert self.last_row is not None  # run_one saved the closed-loop level
         start = float(self.last_row["req_s"])
         tried: list[tuple[float, bool]] = []
         while (rate := next_rate(start, tried)) is not None:
             await self.run_rate(rate, 0)
+            assert self.last_row is not None
             tried.append((rate, bool(self.last_row["sustained"] >= 1)))
 
     async def run(self) -> None:

@@ -72,7 +72,8 @@ def ttft_histograms(
 ) -> Path:
     """One panel per arm, the levels overlaid; 1 ms bins up to the largest sample (capped)."""
     arms = list(samples)
-    allx = np.concatenate([_clean(v) for lv in samples.values() for v in lv.values()] or [[0.0]])
+    allx = np.concatenate([_clean(v) for lv in samples.values() for v in lv.values()]
+                          or [np.zeros(1)])
     top = float(np.percentile(allx, 99.5)) if allx.size else 1.0
     top = max(top * 1.05, 5.0)
     bins = np.arange(0.0, top + bin_ms, max(bin_ms, top / 200))

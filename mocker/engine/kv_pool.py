@@ -85,9 +85,6 @@ class KvPool:
     def is_cached(self, h: bytes) -> bool:
         return h in self._parent
 
-    def is_active(self, h: bytes) -> bool:
-        return h in self._ref
-
     # ---- prefix lookup ------------------------------------------------------------------
     def lookup(self, hashes: list[bytes], max_blocks: int) -> tuple[int, int]:
         """(matched blocks, of which active) for the longest cached prefix of `hashes`."""

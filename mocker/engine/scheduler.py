@@ -300,9 +300,6 @@ class Scheduler:
         """Requests running (each gets one token per decode pass)."""
         return len(self._running)
 
-    def is_active(self, key: str) -> bool:
-        return key in self._reqs
-
     def metrics(self) -> EngineMetrics:
         pool = self._pool
         return EngineMetrics(
