@@ -14,6 +14,7 @@ import click
 
 from lab.calibrate import probes as P
 from lab.commands.run_options import run_dir_options
+from lab.commands.sweep import make_dir
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
 
@@ -38,19 +39,9 @@ def parse_ints(value: str, option: str) -> tuple[int, ...]:
     return tuple(items)
 
 
-def _say(quiet: bool) -> Any:
+def say_to_stderr(quiet: bool) -> Any:
+    """A progress printer: a line on stderr, or nothing with --quiet."""
     return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
-
-
-def make_dir(name: str, out: Path | None) -> Path:
-    from launch.errors import RunError
-    from launch.rundir import make_run_dir
-
-    try:
-        return make_run_dir(name, out)
-    except (RunError, OSError) as exc:
-        raise click.BadParameter(str(exc).removeprefix(f"--out {out}: "),
-                                 param_hint="'--out'") from None
 
 
 @click.command()
@@ -143,7 +134,7 @@ def calibrate(**kw: Any) -> None:
     workload = workload_from_options(
         {**kw, "isl": probe_set.context_isl[0], "osl": probe_set.context_osl, "seed": 0},
         target=kw["target"])
-    say = _say(kw["quiet"])
+    say = say_to_stderr(kw["quiet"])
     info = target_or_exit(kw["target"], kw["model"], workload, kw["timeout_s"],
                           quiet=kw["quiet"])
     workload = replace(workload, include_usage=info.include_usage)

@@ -12,8 +12,9 @@ from typing import Any
 
 import click
 
-from lab.commands.calibrate import make_dir, parse_ints
+from lab.commands.calibrate import parse_ints, say_to_stderr
 from lab.commands.run_options import run_dir_options
+from lab.commands.sweep import make_dir
 from lab.commands.sweep_settings import SweepSettings
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.sweep import SweepPlan
@@ -149,10 +150,6 @@ class RoundsPlan(SweepPlan):
         return max(self.min_requests, self.rounds * c)
 
 
-def _say(quiet: bool) -> Any:
-    return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
-
-
 def run_fidelity(run_dir: Path, sides: list[Side], concs: tuple[int, ...], workload: Any,
                  model: str, kw: dict) -> int:
     import uvloop
@@ -161,7 +158,7 @@ def run_fidelity(run_dir: Path, sides: list[Side], concs: tuple[int, ...], workl
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
 
-    say = _say(kw["quiet"])
+    say = say_to_stderr(kw["quiet"])
     plan = RoundsPlan(concurrency=list(concs), workload=workload, requests=kw["n_requests"],
                       warmup=kw["warmup"],
                       client=ClientOptions(timeout_s=kw["timeout_s"],
