@@ -5,8 +5,9 @@ step at `now`; the pass's signals become visible at the absolute deadline
 `now + duration_ms`, which is also the next pass's `now`; when `has_work()` is false or a pass
 did nothing (batch 0, no signals), wake at `next_ready_ms()` or on a new request.
 
-Pass `token_at=token_deriver(seed, request_id)` (one BLAKE3 per token, prefix pre-absorbed):
-it is the fastest form of `deterministic_token_id` and the hot path calls it once per token.
+Pass `token_at=token_deriver(seed, request_id)` (one BLAKE3 hash per request, a SplitMix64
+step per token): it is the fastest form of `deterministic_token_id` and the hot path calls it
+once per token.
 """
 
 from .config import EngineArgs

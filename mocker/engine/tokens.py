@@ -1,13 +1,16 @@
 """Deterministic token ids, request UUIDs and synthetic logprobs (docs/mocker.md "Tokens").
 
-One BLAKE3 hash per token: blake3(seed_le8 || request_id_utf8 || position_le8); the first 4
-digest bytes read as a little-endian u32 x pick `allowed[x mod len(allowed)]` from the table of
-ids the engine may emit. The default table is [1000, 31999] (token 1000 + x mod 31000, the
-reference's ids and the vocabulary of the frontend's default word tokenizer); with a model's
-vocabulary it is every id of that vocabulary but its special tokens (`allowed_token_ids`; the
-server builds it from `--tokenizer` / `--vocab-size`, the engine does no I/O).
-The seed||request_id prefix is hashed once and copied per position (`token_deriver`), so no
-output plan is rebuilt per position.
+The token ids of a request are the words of one BLAKE3 output stream: the extendable output
+of blake3(seed_le8 || request_id_utf8) in key-derivation mode (context TOKEN_CONTEXT), read as
+little-endian u32 words; word p (bytes 4p .. 4p+3) is x for the token at position p, which is
+`allowed[x mod len(allowed)]` from the table of ids the engine may emit. Any position can be
+read on its own (`seek`; a decode leg re-derives from position 1), and `token_deriver` reads
+TOKEN_BLOCK words per call, so the per-token cost is an index and a modulo, not a hash
+(instruction counts in docs/token-path.md). The default table is [1000, 31999] (token
+1000 + x mod 31000, the reference's id range and the vocabulary of the frontend's default word
+tokenizer); with a model's vocabulary it is every id of that vocabulary but its special tokens
+(`allowed_token_ids`; the server builds it from `--tokenizer` / `--vocab-size`, the engine
+does no I/O).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ TOKEN_ID_SPAN = 31000
 #: The ids emitted without a vocabulary: [1000, 31999].
 DEFAULT_ALLOWED_IDS: tuple[int, ...] = tuple(range(TOKEN_ID_BASE, TOKEN_ID_BASE + TOKEN_ID_SPAN))
 _U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
+#: BLAKE3 key-derivation context of the token stream (so its words are not the request UUID's
+#: bytes, which come from the plain hash of the same input).
+TOKEN_CONTEXT = "loadlab mocker token ids v1"
+#: Tokens read from the output stream per `digest` call.
+TOKEN_BLOCK = 64
+_BLOCK_WORDS = struct.Struct(f"<{TOKEN_BLOCK}I")
 
 
 def _prefix(seed: int, request_id: str) -> bytes:
@@ -51,40 +59,54 @@ def allowed_token_ids(vocab_size: int, excluded: Collection[int] = ()) -> tuple[
     return table
 
 
+def _token_stream(seed: int, request_id: str) -> blake3:
+    """The hasher whose extendable output holds the request's token words."""
+    return blake3(_prefix(seed, request_id), derive_key_context=TOKEN_CONTEXT)
+
+
 def deterministic_token_id(seed: int, request_id: str, position: int,
                            allowed: Sequence[int] = DEFAULT_ALLOWED_IDS) -> int:
     """Output token at `position` (0-based) of request `request_id` under `seed`."""
-    d = blake3(_prefix(seed, request_id) + _U64.pack(position)).digest(4)
-    return allowed[int.from_bytes(d, "little") % len(allowed)]
+    word = _token_stream(seed, request_id).digest(4, seek=4 * position)
+    return allowed[int.from_bytes(word, "little") % len(allowed)]
 
 
 def token_deriver(seed: int, request_id: str,
                   allowed: Sequence[int] = DEFAULT_ALLOWED_IDS) -> Callable[[int], int]:
     """A `position -> token id` function equal to
-    `deterministic_token_id(seed, request_id, ., allowed)`, with the seed/request-id prefix
-    absorbed into the hasher once.
+    `deterministic_token_id(seed, request_id, ., allowed)`, that reads the output stream a
+    block of TOKEN_BLOCK tokens at a time (one `digest` call each) and keeps the last block.
 
     It also has a `many(first, count)` attribute: the tokens of positions first..first+count-1
-    (still one hash per token, in a tight loop; the scheduler's fast-forward uses it).
+    (a slice of the block when they are in it; the scheduler's fast-forward uses it).
+    A request's positions come in order, so a block serves TOKEN_BLOCK of them.
     """
-    copy = blake3(_prefix(seed, request_id)).copy
-    pack = _U64.pack
-    unpack = _U32.unpack
+    digest = _token_stream(seed, request_id).digest
+    words = _BLOCK_WORDS.unpack
     n = len(allowed)
+    span = TOKEN_BLOCK
+    stride = 4 * TOKEN_BLOCK
+    base = -span  # first position of `block`
+    block: list[int] = []
+
+    def load(position: int) -> int:
+        """Read the block holding `position`; its offset in the block."""
+        nonlocal base, block
+        base = position - position % span
+        block = [allowed[x % n] for x in words(digest(stride, seek=4 * base))]
+        return position - base
 
     def token_at(position: int) -> int:
-        h = copy()
-        h.update(pack(position))
-        return allowed[unpack(h.digest(4))[0] % n]
+        i = position - base
+        if not 0 <= i < span:
+            i = load(position)
+        return block[i]
 
     def many(first: int, count: int) -> list[int]:
-        out: list[int] = []
-        append = out.append
-        for position in range(first, first + count):
-            h = copy()
-            h.update(pack(position))
-            append(allowed[unpack(h.digest(4))[0] % n])
-        return out
+        i = first - base
+        if i >= 0 and i + count <= span:
+            return block[i:i + count]
+        return [token_at(p) for p in range(first, first + count)]
 
     token_at.many = many  # type: ignore[attr-defined]
     return token_at

@@ -67,7 +67,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
         )
 
     async def Freeze(self, request, context):
-        self._st.loop.freeze(request.frozen)
+        self._st.engine.freeze(request.frozen)
         log.warning("admin: engine loop %s", "frozen" if request.frozen else "unfrozen")
         return admin_pb2.AdminReply(message="frozen" if request.frozen else "running")
 

@@ -111,7 +111,7 @@ class MockerServer:
         """Run the engine loop; if it dies, fail in-flight requests in-band (INTERNAL), drop
         liveness and stop the server (`failed` is set, `serve` exits 1)."""
         try:
-            await self.state.loop.run()
+            await self.state.engine.run()
         except Exception as exc:
             log.exception("the engine loop failed")
             self.failed = exc
@@ -132,10 +132,10 @@ class MockerServer:
             await self.server.stop(self.cfg.grace_s)
             if self.admin_server is not None:
                 await self.admin_server.stop(0)
-            self.state.loop.stop()
+            self.state.engine.stop()
             await engine_task
         st = self.state
-        m = st.loop.scheduler.metrics()
+        m = st.engine.scheduler.metrics()
         log.info(
             "stopped: streamed %d tokens in %d TokenOutput messages (%.2f per message); "
             "%d passes (%d fast-forwarded, %d slept to), %.1f tokens per pass",
@@ -143,8 +143,8 @@ class MockerServer:
             st.token_messages,
             st.tokens_streamed / max(st.token_messages, 1),
             m.passes,
-            st.loop.stats.fast_passes,
-            st.loop.stats.sleeps,
+            st.engine.stats.fast_passes,
+            st.engine.stats.sleeps,
             m.tokens_emitted / max(m.passes, 1),
         )
 

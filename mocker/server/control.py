@@ -121,8 +121,8 @@ class Control(openengine_pb2_grpc.ControlServicer):
 
     async def GetLoad(self, request, context):
         st = self._st
-        m = st.loop.scheduler.metrics()
-        frozen_at = st.loop.frozen_at_ns
+        m = st.engine.scheduler.metrics()
+        frozen_at = st.engine.frozen_at_ns
         info = server_pb2.LoadInfo(
             instance_id=st.cfg.instance_id,
             timestamp_unix_nanos=frozen_at if frozen_at is not None else time.time_ns(),

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from mocker.engine import Burst, EngineRequest, PassResult, Scheduler, Signal
 
-from .inflight import LiveRequest
+from .inflight import Exit, LiveRequest
 
 log = logging.getLogger("mocker.server")
 
@@ -100,18 +100,14 @@ class EngineLoop:
         return self.scheduler.cancel(key)
 
     def ack(self, live: LiveRequest) -> None:
-        """The stream took what it was handed (or is gone): the next pass need not wait for it.
-        A slow stream that has caught up (nothing queued) is waited for again."""
-        if live.unacked:
-            live.unacked = False
+        """The stream took what it was handed (or is gone): the next pass need not wait for it."""
+        if live.took():
             self._unacked -= 1
             if self._unacked <= 0:
                 self._unacked = 0
                 fut = self._acked
                 if fut is not None and not fut.done():
                     fut.set_result(None)
-        elif live.slow and not live.tokens:
-            live.slow = False
 
     def freeze(self, frozen: bool) -> None:
         if frozen:
@@ -140,70 +136,39 @@ class EngineLoop:
         inbox, self._inbox = self._inbox, []
         add = self.scheduler.add
         for live, request in inbox:
-            if live.claimed or live.done or self._live.get(live.key) is not live:
+            if live.exit is not None or self._live.get(live.key) is not live:
                 continue  # aborted (or gone) before submission: never reaches the scheduler
             add(request)
             live.submitted = True
 
-    def _hand(self, live: LiveRequest, token: int) -> None:
-        """Give a stream one pass's token; wait for it before the next pass unless it is slow."""
-        if not live.unacked and not live.slow:
-            live.unacked = True
-            self._unacked += 1
-        live.tokens.append(token)
-        w = live.waiter
-        if w is not None:
-            live.waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def _hand_many(self, live: LiveRequest, tokens: list[int]) -> None:
-        """Give a stream the tokens of several passes (one each), woken once."""
-        if not live.unacked and not live.slow:
-            live.unacked = True
-            self._unacked += 1
-        live.tokens.extend(tokens)
-        w = live.waiter
-        if w is not None:
-            live.waiter = None
-            if not w.done():
-                w.set_result(None)
-
     def _deliver(self, signals: list[Signal]) -> None:
         live_map = self._live
+        unacked = 0
         for s in signals:
             live = live_map.get(s.key)
             if live is None:
                 continue
             if s.rejected:
-                live.rejected = True
-                live.done = True
+                live.end(Exit.REJECTED)
             elif s.token_id is None:
-                live.missing = True
-                live.done = True
+                live.end(Exit.MISSING_TOKEN)
             else:
                 if s.cached_tokens is not None:
                     live.cached = s.cached_tokens
+                unacked += live.hand([s.token_id])
                 if s.completed:
-                    live.completed = True
-                    live.done = True
-                self._hand(live, s.token_id)
-                continue
-            live.wake()
+                    live.end(Exit.COMPLETED)
+        self._unacked += unacked
 
     def _deliver_burst(self, burst: Burst) -> None:
         """Fast-forwarded passes: every running request got exactly one token per pass."""
         live_map = self._live
-        hand = self._hand
-        hand_many = self._hand_many
-        single = burst.passes == 1
+        unacked = 0
         for key, toks in zip(burst.keys, burst.tokens, strict=True):
             live = live_map.get(key)
             if live is not None:
-                if single:
-                    hand(live, toks[0])
-                else:
-                    hand_many(live, toks)
+                unacked += live.hand(toks)
+        self._unacked += unacked
 
     async def _wait_for_consumers(self) -> None:
         """Until every stream handed a token has taken it, or PACE_WAIT_MS has passed (then the
@@ -220,11 +185,8 @@ class EngineLoop:
         if self._unacked and not self._stopping:
             for live in self._live.values():
                 if live.unacked:
-                    live.unacked = False
-                    live.slow = True
                     self.stats.slow_marks += 1
-                    if not live.reported_slow:
-                        live.reported_slow = True
+                    if live.mark_slow():
                         log.info(
                             "request %s: its reader took no token for %.0f ms; the engine "
                             "no longer waits for it (its tokens queue)",
@@ -339,9 +301,7 @@ class EngineLoop:
                 ahead = 0
                 await sleep(0)  # nothing handed out (e.g. a prefill chunk): let I/O run
         for live in list(self._live.values()):
-            if not live.done:
-                live.done = True
-                live.wake()
+            live.end(Exit.CLOSED)  # (a no-op for a stream that was ended or claimed already)
 
     async def _idle_until_ready(self, now: float) -> None:
         ready = self.scheduler.next_ready_ms()

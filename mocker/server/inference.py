@@ -35,14 +35,6 @@ EngineError = error_pb2.EngineError
 CAPACITY_MESSAGE = "request exceeds the simulated KV-cache capacity"
 
 
-def _claimed_exit(live: LiveRequest) -> Exit:
-    if live.failure is not None:
-        return Exit.FAILED
-    if live.stalled:
-        return Exit.STALLED
-    return Exit.ABORTED
-
-
 def add_inference(servicer: Inference, server: grpc.aio.Server) -> None:
     """Register Generate with a pass-through response serializer: it yields encoded bytes."""
     handler = grpc.method_handlers_generic_handler(
@@ -145,62 +137,80 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                                 message=_internal_error_message(exit_, live), retryable=False)
         return GenerateResponse(request_id=rid, error=error)
 
-    async def Generate(self, request, context):
+    def _admit(
+        self, request: generation_pb2.GenerateRequest
+    ) -> tuple[LiveRequest, Prepared, float]:
+        """Admission: the concurrency permit, validation (docs/mocker.md "Validation order") and
+        the duplicate-id check, each refusal a RequestRefused (a gRPC status) before anything is
+        held. Then the request takes a permit and is registered (`ServerState.release` frees
+        both) and submitted to the engine loop. Returns it, its prepared form and how long a
+        decode leg waits for its simulated KV transfer."""
         st = self._st
         if st.active >= st.cfg.max_concurrent_requests:
-            await context.abort(
+            raise RequestRefused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "Mocker concurrent request limit reached"
             )
-        st.active += 1
-        live: LiveRequest | None = None
+        if st.executor_failure is not None:
+            raise RequestRefused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the simulated executor failed: {st.executor_failure}",
+            )
+        prep = prepare(request, st.cfg)
+        rid = prep.request_id
+        if rid in st.by_id:
+            raise RequestRefused(
+                grpc.StatusCode.ALREADY_EXISTS, f"request_id {rid!r} is already active"
+            )
+        engine = st.engine
+        kv_wait_s = 0.0
+        # A decode leg resumes after the prefill's first token, once its KV has arrived; with
+        # max_tokens 1 that token is all it sends and the engine never runs it.
+        resume: dict[str, Any] = {}
+        if prep.handoff is not None:
+            kv_ms = kv_transfer_ms(st.cfg.engine, len(prep.prompt))
+            kv_wait_s = kv_ms / 1000.0
+            resume = {"first_position": 1, "kv_transferred": True,
+                      "ready_at_ms": engine.now_ms() + kv_ms}
+        elif (delay_ms := engine.scheduler.timing.request_ms(len(prep.prompt))) > 0.0:
+            # a profile's per-request latency (mocker/engine/timing.py): waits, holds no pass
+            resume = {"ready_at_ms": engine.now_ms() + delay_ms}
+        live = st.register(rid, prep.handoff is not None)
+        if prep.handoff is None or prep.max_tokens > 1:
+            engine.submit(
+                live,
+                EngineRequest(
+                    key=live.key,
+                    prompt=prep.prompt,
+                    max_output_tokens=prep.max_tokens,
+                    token_at=token_deriver(st.cfg.seed, rid, st.allowed_ids),
+                    **resume,
+                ),
+            )
+        st.recorder.record(request)
+        return live, prep, kv_wait_s
+
+    @staticmethod
+    async def _replay_handoff(live: LiveRequest, prep: Prepared, kv_wait_s: float) -> None:
+        """A decode leg: wait out the simulated KV transfer; then the prefill's first token
+        goes out first."""
+        handoff = prep.handoff
+        assert handoff is not None
+        if kv_wait_s > 0.0:
+            await asyncio.sleep(kv_wait_s)
+        live.replay(handoff.first_token, last=prep.max_tokens <= 1)
+
+    async def Generate(self, request, context):
+        """Admission, the handoff replay, the streaming loop, the terminal (in that order)."""
+        st = self._st
+        try:
+            live, prep, kv_wait_s = self._admit(request)
+        except RequestRefused as refused:
+            await context.abort(refused.code, refused.message)  # raises
+            return
         released = False
         try:
-            try:
-                if st.executor_failure is not None:
-                    raise RequestRefused(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"the simulated executor failed: {st.executor_failure}",
-                    )
-                prep = prepare(request, st.cfg)
-                if prep.request_id in st.by_id:
-                    raise RequestRefused(
-                        grpc.StatusCode.ALREADY_EXISTS,
-                        f"request_id {prep.request_id!r} is already active",
-                    )
-            except RequestRefused as refused:
-                await context.abort(refused.code, refused.message)
-                return
-
             rid = prep.request_id
             handoff = prep.handoff
-            live = st.register(rid, handoff is not None)
-            engine = st.loop
-            kv_wait_s = 0.0
-            replay_only = False
-            # A decode leg resumes after the prefill's first token, once its KV has arrived.
-            resume: dict[str, Any] = {}
-            if handoff is not None:
-                kv_ms = kv_transfer_ms(st.cfg.engine, len(prep.prompt))
-                kv_wait_s = kv_ms / 1000.0
-                replay_only = prep.max_tokens <= 1
-                resume = {"first_position": 1, "kv_transferred": True,
-                          "ready_at_ms": engine.now_ms() + kv_ms}
-            elif (delay_ms := engine.scheduler.timing.request_ms(len(prep.prompt))) > 0.0:
-                # a profile's per-request latency (mocker/engine/timing.py): waits, holds no pass
-                resume = {"ready_at_ms": engine.now_ms() + delay_ms}
-            if not replay_only:
-                engine.submit(
-                    live,
-                    EngineRequest(
-                        key=live.key,
-                        prompt=prep.prompt,
-                        max_output_tokens=prep.max_tokens,
-                        token_at=token_deriver(st.cfg.seed, rid, st.allowed_ids),
-                        **resume,
-                    ),
-                )
-            st.recorder.record(request)
-
             loop = asyncio.get_running_loop()
             if prep.prompt_logprobs:
                 msg = GenerateResponse(
@@ -210,17 +220,15 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 yield msg
                 live.write_started = 0.0
             if handoff is not None:
-                if kv_wait_s > 0.0:
-                    await asyncio.sleep(kv_wait_s)
-                live.tokens.insert(0, handoff.first_token)
-                if replay_only:
-                    live.completed = live.done = True
+                await self._replay_handoff(live, prep, kv_wait_s)
 
+            # The streaming loop: the hot path, so everything it uses per token is a local.
             prefix = response_prefix(rid)
             single = single_token_event
             flowing = st.tokens_flowing
             interval = st.cfg.stream_interval
-            ack = engine.ack
+            ack = st.engine.ack
+            take = live.take
             stop_ids = prep.stop_ids
             min_tokens = prep.min_tokens
             want_lp = prep.output_logprobs
@@ -231,7 +239,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             first_token = 0
             first_lp: float | None = None
             stop_token = 0
-            exit_: Exit | None = None
+            exit_: Exit | None = None  # the stream's own exit; None when someone claimed it
             # One TokenOutput per engine pass (per `interval` passes, plus the last): the engine
             # hands each stream one token per pass (several passes' at once when it runs
             # ahead), and this loop never merges more into one message.
@@ -239,7 +247,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 if live.claimed:
                     break
                 toks = live.tokens
-                if len(toks) < interval and not live.done:
+                if len(toks) < interval and live.exit is None:
                     ack(live)  # seen: the engine may run the next pass
                     fut = loop.create_future()
                     live.waiter = fut
@@ -248,81 +256,64 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 if not flowing.is_set():
                     await flowing.wait()
                     continue
-                if toks:
-                    if interval == 1:
-                        step = [toks.pop(0)]
-                    else:
-                        step = toks[:interval]
-                        del toks[:interval]
-                    out: list = []
-                    for t in step:
-                        if stop_ids and t in stop_ids and streamed + len(out) >= min_tokens:
-                            exit_ = Exit.STOPPED
-                            stop_token = t
-                            break
-                        if want_lp:
-                            if position == 0:
-                                lp = replay_lp if handoff is not None else synthetic_logprob(t)
-                                first_lp = lp
-                            else:
-                                lp = synthetic_logprob(t)
-                            out.append(scored_info(t, lp, cands))
-                        else:
-                            out.append(t)
-                        if position == 0:
-                            first_token = t
-                        position += 1
-                    if not toks:
-                        # all taken: the next step may run while these are written. A stream
-                        # still holding tokens of a run-ahead step drains them first (without
-                        # suspending unless its HTTP/2 window is full), so it never holds more
-                        # than one step's tokens.
-                        ack(live)
-                    if out:
-                        if want_lp:
-                            msg = GenerateResponse(
-                                request_id=rid,
-                                token=TokenOutput(
-                                    output_index=0,
-                                    tokens=out,
-                                    text="".join([i.token for i in out]),
-                                ),
-                            ).SerializeToString()
-                        elif len(out) == 1:
-                            msg = single(prefix, out[0])
-                        else:
-                            msg = token_event(prefix, out)
-                        live.write_started = loop.time()
-                        yield msg
-                        live.write_started = 0.0
-                        streamed += len(out)
-                        st.token_messages += 1
-                        st.tokens_streamed += len(out)
-                    if exit_ is not None:
+                if not toks:
+                    exit_ = live.exit  # drained: how the engine ended it
+                    break
+                out: list = []
+                for t in take(interval):
+                    if stop_ids and t in stop_ids and streamed + len(out) >= min_tokens:
+                        exit_ = Exit.STOPPED
+                        stop_token = t
                         break
-                    continue
-                if live.rejected:
-                    exit_ = Exit.REJECTED
-                elif live.missing:
-                    exit_ = Exit.MISSING_TOKEN
-                elif live.completed:
-                    exit_ = Exit.COMPLETED
-                else:
-                    exit_ = Exit.CLOSED
-                break
-            if exit_ is None or not live.claim():
-                exit_ = _claimed_exit(live)
+                    if want_lp:
+                        if position == 0:
+                            lp = replay_lp if handoff is not None else synthetic_logprob(t)
+                            first_lp = lp
+                        else:
+                            lp = synthetic_logprob(t)
+                        out.append(scored_info(t, lp, cands))
+                    else:
+                        out.append(t)
+                    if position == 0:
+                        first_token = t
+                    position += 1
+                if not toks:
+                    # all taken: the next step may run while these are written. A stream
+                    # still holding tokens of a run-ahead step drains them first (without
+                    # suspending unless its HTTP/2 window is full), so it never holds more
+                    # than one step's tokens.
+                    ack(live)
+                if out:
+                    if want_lp:
+                        msg = GenerateResponse(
+                            request_id=rid,
+                            token=TokenOutput(
+                                output_index=0,
+                                tokens=out,
+                                text="".join([i.token for i in out]),
+                            ),
+                        ).SerializeToString()
+                    elif len(out) == 1:
+                        msg = single(prefix, out[0])
+                    else:
+                        msg = token_event(prefix, out)
+                    live.write_started = loop.time()
+                    yield msg
+                    live.write_started = 0.0
+                    streamed += len(out)
+                    st.token_messages += 1
+                    st.tokens_streamed += len(out)
+                if exit_ is not None:
+                    break
+
             final = self.terminal(
-                exit_, live, prep, streamed, stop_token, first_token, first_lp
+                live.finish(exit_), live, prep, streamed, stop_token, first_token, first_lp
             ).SerializeToString()
             # Free the permit and the request id before the terminal goes out: a client that
             # sends its next request as soon as it sees the terminal must find them free.
             released = True
-            st.active -= 1
             st.release(live)
             yield final
         finally:
             if not released:
-                st.active -= 1
-                if live is not None:
-                    st.release(live)
+                st.release(live)

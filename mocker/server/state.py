@@ -11,7 +11,7 @@ from mocker.engine import Scheduler
 from .config import RECORDER_CAPACITY, ServerConfig
 from .engine_loop import EngineLoop
 from .health import HealthServicer
-from .inflight import LiveRequest
+from .inflight import Exit, LiveRequest
 from .recorder import RequestRecorder
 from .vocab import allowed_ids
 
@@ -25,10 +25,10 @@ class ServerState:
         self.allowed_ids = allowed_ids(cfg.tokenizer, cfg.vocab_size)
         self.by_id: dict[str, LiveRequest] = {}
         self.by_key: dict[str, LiveRequest] = {}
-        self.loop = EngineLoop(scheduler, self.by_key, cfg.run_ahead)
+        self.engine = EngineLoop(scheduler, self.by_key, cfg.run_ahead)
         self.health = health
         self.recorder = RequestRecorder(cfg.record_requests, RECORDER_CAPACITY)
-        self.active = 0  # Generate calls holding a concurrency permit
+        self.active = 0  # registered requests: each holds a concurrency permit
         self.executor_failure: str | None = None
         self._seq = itertools.count()
         self.tokens_flowing = asyncio.Event()  # cleared while StallTokens is in effect
@@ -39,31 +39,38 @@ class ServerState:
         self.tokens_streamed = 0  # tokens in them
 
     def register(self, request_id: str, has_session: bool) -> LiveRequest:
+        """An admitted request: it holds a concurrency permit and its id until `release`."""
         key = f"{request_id}#{next(self._seq)}"
         live = LiveRequest(request_id, key, has_session)
+        self.active += 1
         self.by_id[request_id] = live
         self.by_key[key] = live
         return live
 
     def release(self, live: LiveRequest) -> None:
         """The stream is over: forget it and make sure the engine stops working on it."""
-        live.claimed = True
-        self.loop.ack(live)
+        # A no-op claim after the stream's own terminal; a stream that went away without one
+        # (its client cancelled) ends CLOSED, so nothing else claims it.
+        live.finish(Exit.CLOSED)
+        self.active -= 1
+        self.engine.ack(live)
         if self.by_id.get(live.request_id) is live:
             del self.by_id[live.request_id]
         self.by_key.pop(live.key, None)
-        if live.submitted and not live.done:
-            self.loop.cancel(live.key)
+        self._stop_engine(live)
 
     def abort(self, live: LiveRequest) -> bool:
         """Control.Abort: take the claim (False if the stream already ended or was claimed)."""
-        if not live.claim():
+        if not live.claim(Exit.ABORTED):
             return False
-        live.aborted = True
-        if live.submitted and not live.done:
-            self.loop.cancel(live.key)
-        live.wake()
+        self._stop_engine(live)
         return True
+
+    def _stop_engine(self, live: LiveRequest) -> None:
+        """The engine stops working on a claimed request (a no-op if it never got it or has
+        finished it)."""
+        if live.submitted:
+            self.engine.cancel(live.key)
 
     # ----- faults -------------------------------------------------------------------------------
     def stall_tokens(self, seconds: float) -> None:
@@ -81,11 +88,8 @@ class ServerState:
         self.executor_failure = message or "simulated executor failure"
         failed = 0
         for live in list(self.by_key.values()):
-            if live.claim():
-                live.failure = self.executor_failure
-                if live.submitted and not live.done:
-                    self.loop.cancel(live.key)
-                live.wake()
+            if live.claim(Exit.FAILED, self.executor_failure):
+                self._stop_engine(live)
                 failed += 1
         return failed
 
@@ -94,12 +98,10 @@ class ServerState:
         limit = self.cfg.stall_timeout_s
         for live in list(self.by_key.values()):
             started = live.write_started
-            if started and now - started > limit and live.claim():
-                live.stalled = True
+            if started and now - started > limit and live.claim(Exit.STALLED):
                 log.warning(
                     "request %s: client stalled for %.0f s; aborting it (OVERLOADED)",
                     live.request_id,
                     now - started,
                 )
-                if live.submitted and not live.done:
-                    self.loop.cancel(live.key)
+                self._stop_engine(live)
