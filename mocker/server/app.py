@@ -22,7 +22,7 @@ from lab.wire import constants as wc
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
 from lab.wire.h2grpc import H2GrpcServer
 from lab.wire.ready import format_ready
-from mocker.engine import EngineArgs, Scheduler
+from mocker.engine import Scheduler
 
 from . import fastwire
 from .admin import Admin
@@ -55,7 +55,6 @@ class MockerServer:
         self,
         cfg: ServerConfig,
         listen: str,
-        scheduler_factory: Callable[[EngineArgs], Scheduler] = Scheduler,
         admin_listen: str | None = None,
     ) -> None:
         self.cfg = cfg
@@ -63,7 +62,7 @@ class MockerServer:
         self.admin_listen = admin_listen
         fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
-        self.state = ServerState(cfg, scheduler_factory(cfg.engine), self.health)
+        self.state = ServerState(cfg, Scheduler(cfg.engine), self.health)
         self.server = (
             H2GrpcServer(options=SERVER_OPTIONS)
             if cfg.grpc_server == "h2"

@@ -168,20 +168,22 @@ def test_a_stalled_consumer_gets_an_overloaded_retryable_error(spawn):
     e.channel.close()
 
 
-async def test_a_failing_engine_loop_fails_requests_in_band_and_stops_the_server():
+async def test_a_failing_engine_loop_fails_requests_in_band_and_stops_the_server(monkeypatch):
     """In-process: a scheduler that raises. The in-flight request ends with INTERNAL, liveness
-    drops, the server stops by itself and reports the failure (serve() exits 1)."""
+    drops, the server stops by itself and reports the failure (serve() exits 1).
+
+    The broken scheduler is patched in: a scheduler bug is what no input can cause, so the
+    public surface (CLI, engine args, Admin) has no way to make one."""
     from mocker.engine import EngineArgs, Scheduler
-    from mocker.server.app import MockerServer
+    from mocker.server import app
     from mocker.server.config import ServerConfig
 
     class Broken(Scheduler):
         def step(self, now_ms):
             raise RuntimeError("scheduler bug")
 
-    server = MockerServer(
-        ServerConfig(engine=EngineArgs(speedup_ratio=0.0)), "127.0.0.1:0", scheduler_factory=Broken
-    )
+    monkeypatch.setattr(app, "Scheduler", Broken)
+    server = app.MockerServer(ServerConfig(engine=EngineArgs(speedup_ratio=0.0)), "127.0.0.1:0")
     address = await server.start()
     run = asyncio.create_task(server.run_until_stopped())
     async with grpc.aio.insecure_channel(address) as channel:
