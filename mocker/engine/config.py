@@ -16,6 +16,11 @@ ENGINE_TYPES = ("trtllm", "vllm")
 DEFAULT_ENGINE_TYPE = "trtllm"
 #: block size used when the JSON does not give one, per engine type (reference builder defaults)
 DEFAULT_BLOCK_SIZE = {"trtllm": 32, "vllm": 64}
+#: whether the pass that finishes a prompt also charges a decode step for the first token, per
+#: engine type when the JSON does not say (docs/mocker.md "Scheduler"). Dynamo 1.6.1's mocker
+#: charges none under either policy (its offline replay: TTFT at c=1 = prefill alone);
+#: `trtllm` keeps the lab's earlier reading until the default is decided on that evidence.
+DEFAULT_FIRST_TOKEN_DECODE = {"trtllm": True, "vllm": False}
 DEFAULT_NUM_GPU_BLOCKS = 16384
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -47,10 +52,15 @@ class EngineArgs:
     kv_transfer_bandwidth: float = DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS
     kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
     timing: dict[str, Any] = field(default_factory=_default_timing)
+    #: None = the engine type's default (trtllm true, vllm false)
+    first_token_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_size == 0 and self.engine_type in DEFAULT_BLOCK_SIZE:
             object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.engine_type])
+        if self.first_token_decode is None and self.engine_type in DEFAULT_FIRST_TOKEN_DECODE:
+            object.__setattr__(self, "first_token_decode",
+                               DEFAULT_FIRST_TOKEN_DECODE[self.engine_type])
         _validate(self)
 
     @classmethod
@@ -106,7 +116,7 @@ def _validate(a: EngineArgs) -> None:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if a.engine_type == "trtllm" and a.block_size < 2:
         raise ValueError(f"block_size must be >= 2 for trtllm, got {a.block_size!r}")
-    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+    for name in ("enable_prefix_caching", "enable_chunked_prefill", "first_token_decode"):
         v = getattr(a, name)
         if not isinstance(v, bool):
             raise ValueError(f"{name} must be true or false, got {v!r}")

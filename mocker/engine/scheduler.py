@@ -25,14 +25,15 @@ One `step(now_ms)` is one forward pass:
    on the sum of sequence lengths of the decode set when it is not empty.
 5. At pass end every request whose KV now covers its whole sequence emits one token.
 
-First token (our reading of the reference engines): the pass that finishes a prompt emits the first
-token under both policies (real engines sample it from the context phase). The policies differ
-in what that costs: ``vllm`` samples it from the prefill itself (the request is not part of
-the pass's decode set: no decode time is charged for it), while ``trtllm`` does not sample
-from prefill, so the request joins that pass's decode set (its sequence counts in p and the
-pass is charged a decode step). Exception, as the reference's prefill workers do: a request
-whose whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with
-zero decode time under both policies.
+First token: the pass that finishes a prompt emits the first token under both policies (real
+engines sample it from the context phase). What it costs is ``first_token_decode``
+(EngineArgs): off, it is sampled from the prefill itself (the request is not part of the
+pass's decode set: no decode time is charged for it); on, the request joins that pass's decode
+set (its sequence counts in p and the pass is charged a decode step). Default per policy:
+``vllm`` off, ``trtllm`` on (the lab's earlier reading; Dynamo 1.6.1's trtllm mocker charges
+none, docs/fidelity.md). Exception, as the reference's prefill workers do: a request whose
+whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with zero
+decode time either way.
 
 Normalization at `add` (both policies, so a request always fits once alone): a prompt that
 fills the pool (``prompt_len >= num_gpu_blocks * block_size``) or, with chunked prefill off,
@@ -201,6 +202,7 @@ class Scheduler:
         self._vllm = args.engine_type == "vllm"
         self._caching = args.enable_prefix_caching
         self._chunked = args.enable_chunked_prefill
+        self._first_decode = bool(args.first_token_decode)
         self._budget = args.max_num_batched_tokens
         self._max_seqs = args.max_num_seqs
         self._capacity = args.num_gpu_blocks * args.block_size
@@ -419,7 +421,7 @@ class Scheduler:
                 waiting.extendleft(reversed(deferred))
 
         # 3. pass end for prefill chunks and admitted requests
-        trt = not self._vllm
+        first_decode = self._first_decode
         for r in pending:
             r.computed += r.sched
             if r.n_shared < r.n_full:
@@ -427,8 +429,8 @@ class Scheduler:
             seq = r.seq
             if r.computed != seq:
                 continue  # prefill chunk still incomplete
-            if trt and not r.dec and r.max_out != 1:
-                decode_kv += seq  # trtllm: the first token is a decode step of this pass
+            if first_decode and not r.dec and r.max_out != 1:
+                decode_kv += seq  # the first token is a decode step of this pass
                 n_decode += 1
             if self._advance(r, seq, emit):
                 done.append(r)
