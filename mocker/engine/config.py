@@ -28,6 +28,12 @@ DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS = 64.0
 #: 32 layers x 2 (K and V) x 8 KV heads x 128 head dim x 2 bytes (bf16)
 DEFAULT_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
 TIMING_TYPES = ("polynomial", "fixed", "profile")
+#: how a profile's ``request`` rows apply (docs/mocker.md "Timing"): ``delay`` = the request
+#: may not be scheduled before arrival + request(T); ``floor`` = it is scheduled at once, but
+#: its first token is not emitted before arrival + request(T) (tokens produced earlier are held
+#: and emitted together), as a serving path that holds the first response bytes back while
+#: the engine works (Dynamo 1.6.1's TTFT at concurrency 1, docs/fidelity.md)
+REQUEST_MODES = ("delay", "floor")
 
 
 def _default_timing() -> dict[str, Any]:
@@ -134,7 +140,7 @@ def _validate_timing(t: Any) -> None:
     if kind not in TIMING_TYPES:
         raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
     allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
-               "profile": {"type", "path"}}[kind]
+               "profile": {"type", "path", "request_mode"}}[kind]
     for key in t:
         if key not in allowed:
             raise ValueError(f"unknown key timing.{key} for timing type {kind!r}")
@@ -147,3 +153,7 @@ def _validate_timing(t: Any) -> None:
         p = t.get("path")
         if not isinstance(p, str) or not p:
             raise ValueError(f"timing.path must be a non-empty file path, got {p!r}")
+        mode = t.get("request_mode", REQUEST_MODES[0])
+        if mode not in REQUEST_MODES:
+            raise ValueError(
+                f"timing.request_mode must be one of {', '.join(REQUEST_MODES)}, got {mode!r}")

@@ -146,6 +146,7 @@ class _Req:
         "cap",
         "computed",
         "dec",
+        "floor",
         "hashes",
         "key",
         "kv_present",
@@ -178,6 +179,7 @@ class _Req:
         self.cap = 0  # tokens the held blocks can store
         self.kv_present = req.kv_transferred
         self.ready_at = req.ready_at_ms
+        self.floor = 0.0  # first token not emitted before this time (0 = no floor)
         self.reserve = reserve  # trtllm to-completion blocks
         self.computed = 0  # tokens whose KV is present
         self.hashes: list[bytes] | None = None  # prompt block hashes (lazy)
@@ -210,6 +212,9 @@ class Scheduler:
         self._waiting: deque[_Req] = deque()
         self._reqs: dict[str, _Req] = {}
         self._pending: list[Signal] = []
+        #: requests whose first token is held back: key -> [floor time, held signals]
+        self._held: dict[str, tuple[float, list[Signal]]] = {}
+        self._floor_mode = self._timing.request_is_floor
         self._outstanding = 0  # trtllm: sum over running of (reserve - held)
         self._now = float("-inf")
         self._recent: deque[tuple[int, float]] = deque(maxlen=_RECENT_PASSES)
@@ -257,6 +262,8 @@ class Scheduler:
             max_out = min(max_out, self._budget - plen + 1)
         bs = self._bs
         r = _Req(req, max_out, -(-(plen + max_out) // bs))
+        if self._floor_mode and not req.kv_transferred and r.ready_at > 0.0:
+            r.floor, r.ready_at = r.ready_at, 0.0  # scheduled at once; first token held
         if self._caching:
             r.n_full = plen // bs
         self._reqs[r.key] = r
@@ -266,7 +273,7 @@ class Scheduler:
         """Stop a request and release its blocks. False if unknown or already finished."""
         r = self._reqs.pop(key, None)
         if r is None:
-            return False
+            return self._held.pop(key, None) is not None
         if r.state == _RUNNING:
             self._running.remove(r)
             self._release(r)
@@ -284,8 +291,9 @@ class Scheduler:
         if self._pending or self._running:
             return True
         if now_ms is None:
-            return bool(self._waiting)
-        return any(r.ready_at <= now_ms for r in self._waiting)
+            return bool(self._waiting or self._held)
+        return (any(r.ready_at <= now_ms for r in self._waiting)
+                or any(f <= now_ms for f, _ in self._held.values()))
 
     def next_ready_ms(self, now_ms: float | None = None) -> float | None:
         """Earliest ``ready_at_ms`` among waiting requests not yet ready at `now_ms`
@@ -295,6 +303,9 @@ class Scheduler:
         for r in self._waiting:
             if r.ready_at > now and (best is None or r.ready_at < best):
                 best = r.ready_at
+        for f, _ in self._held.values():
+            if f > now and (best is None or f < best):
+                best = f
         return best
 
     @property
@@ -449,6 +460,8 @@ class Scheduler:
         duration = timing.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
         if n_decode:
             duration += timing.decode_ms(decode_kv)
+        if self._held:
+            signals = self._hold_back(signals, now_ms + duration)
         self._passes += 1
         self._tokens += emitted
         self._prefill_total += prefill_tokens
@@ -475,7 +488,7 @@ class Scheduler:
         running = self._running
         keys = [r.key for r in running]
         n = len(running)
-        if self._pending or self._waiting or not n or n > self._budget:
+        if self._pending or self._waiting or self._held or not n or n > self._budget:
             return Burst(0, now_ms, 0.0, keys, [[] for _ in running])
         # Every pass adds one token to each request: limits are known up front.
         limit = max(1, max_tokens // n)
@@ -564,9 +577,26 @@ class Scheduler:
             self._first_signal(r, pos, fin, emit)
         return fin
 
+    def _hold_back(self, signals: list[Signal], end_ms: float) -> list[Signal]:
+        """Signals visible at `end_ms`: those of requests whose first-token floor is still
+        ahead are held; held ones whose floor has come are released (in order)."""
+        held = self._held
+        out: list[Signal] = []
+        for s in signals:
+            h = held.get(s.key)
+            if h is None:
+                out.append(s)
+            else:
+                h[1].append(s)
+        for key in [k for k, (f, _) in held.items() if f <= end_ms]:
+            out.extend(held.pop(key)[1])
+        return out
+
     def _first_signal(
         self, r: _Req, pos: int, fin: bool, emit: Callable[[Signal], None]
     ) -> None:
+        if r.floor > 0.0:
+            self._held[r.key] = (r.floor, [])
         r.reported = True
         self._cached_total += r.cached
         emit(Signal(r.key, r.token_at(pos), pos, fin, False, r.cached))

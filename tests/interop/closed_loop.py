@@ -2,9 +2,10 @@
 (`replay_concurrency`): `conc` requests in flight, a new one added the moment one finishes
 (at that pass's end). Prompts are distinct random ids, so no prefix is shared.
 
-`python -m tests.interop.closed_loop` prints the lab engine beside Dynamo's own engine, under both policies, (its
-offline replay, run in the Dynamo venv) at c=1/32/128 for ISL 136/OSL 128 and ISL 1024/OSL 64:
-simulated time on both sides, so the figures do not depend on the machine's load.
+`python -m tests.interop.closed_loop` prints the lab engine beside Dynamo's own engine (its
+offline replay, run in the Dynamo venv), under both policies, at c=1/32/128 for ISL 136/OSL
+128 and ISL 1024/OSL 64: simulated time on both sides, so the figures do not depend on the
+machine's load.
 """
 
 from __future__ import annotations
