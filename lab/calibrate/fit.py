@@ -11,16 +11,17 @@ Prefill and path: each concurrency-1 ``context`` probe at prompt length T gives
 
     rest(T) = TTFT(T) - lab_path(T) - first_decode(T)
 
-`lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured
-on a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
+`lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured on
+a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
 decode step the lab mocker charges for the first token where the engine type's
 ``first_token_decode`` default is on (``trtllm``; none under ``vllm``). `rest(T)` is the
 target's prefill plus whatever of its own path exceeds the lab's. The ``overlap`` probe at T
 separates the two: its prefill gap (a pass that held one T-token prefill, seen from another
-stream, minus a plain pass) is the engine's prefill alone. So prefill(T) = that gap, and request(T) = rest(T) - prefill(T), a per-request latency that
-holds no engine pass (the profile's ``request`` rows). Without an overlap gap at T, the
-prefill knot is rest(T): the target's path is then charged per pass, which is right at
-concurrency 1 and too much once passes batch several requests (docs/fidelity.md).
+stream, minus a plain pass) is the engine's prefill alone. So prefill(T) = that gap, and
+request(T) = rest(T) - prefill(T), a per-request latency that holds no engine pass (the
+profile's ``request`` rows). Without an overlap gap at T, the prefill knot is rest(T): the
+target's path is then charged per pass, which is right at concurrency 1 and too much once
+passes batch several requests (docs/fidelity.md).
 """
 
 from __future__ import annotations
