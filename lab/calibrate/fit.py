@@ -11,16 +11,17 @@ Prefill and path: each concurrency-1 ``context`` probe at prompt length T gives
 
     rest(T) = TTFT(T) - lab_path(T) - first_decode(T)
 
-`lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured
-on a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
-decode step the lab mocker charges for the first token under the ``trtllm`` policy (none
-under ``vllm``). `rest(T)` is the target's prefill plus whatever of its own path exceeds the
-lab's. The ``overlap`` probe at T separates the two: its prefill gap (a pass that held one
-T-token prefill, seen from another stream, minus a plain pass) is the engine's prefill alone.
-So prefill(T) = that gap, and request(T) = rest(T) - prefill(T), a per-request latency that
-holds no engine pass (the profile's ``request`` rows). Without an overlap gap at T, the
-prefill knot is rest(T): the target's path is then charged per pass, which is right at
-concurrency 1 and too much once passes batch several requests (docs/fidelity.md).
+`lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured on
+a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
+decode step the lab mocker charges for the first token where the engine type's
+``first_token_decode`` default is on (``trtllm``; none under ``vllm``). `rest(T)` is the
+target's prefill plus whatever of its own path exceeds the lab's. The ``overlap`` probe at T
+separates the two: its prefill gap (a pass that held one T-token prefill, seen from another
+stream, minus a plain pass) is the engine's prefill alone. So prefill(T) = that gap, and
+request(T) = rest(T) - prefill(T), a per-request latency that holds no engine pass (the
+profile's ``request`` rows). Without an overlap gap at T, the prefill knot is rest(T): the
+target's path is then charged per pass, which is right at concurrency 1 and too much once
+passes batch several requests (docs/fidelity.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.calibrate.probes import ProbeResult
+from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE
 from mocker.engine.timing import DECODE_FLOOR_MS, PROFILE_COLUMNS, Interp1D
 
 #: a prefix probe whose TTFT saves at least this share of the fitted prefill: the target caches
@@ -189,7 +191,7 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
             warnings.append(f"{r.probe.name}: no TTFT measured (skipped for prefill)")
             continue
         t = float(r.probe.isl)
-        first = max(dfn(t), DECODE_FLOOR_MS) if engine_type == "trtllm" else 0.0
+        first = max(dfn(t), DECODE_FLOOR_MS) if DEFAULT_FIRST_TOKEN_DECODE[engine_type] else 0.0
         path = path_at(lab_path_ms, t)
         rest = r.ttft_ms_p50 - path - first  # the target's prefill plus its own path
         if rest < 0:
@@ -231,7 +233,7 @@ def _prefix_effect(fit: Fit, results: Sequence[ProbeResult]) -> None:
             fit.warnings.append(f"{r.probe.name}: fitted prefill at {t:g} tokens is 0: the "
                                 "prefix-cache effect cannot be measured")
             return
-        first = fit.decode_ms(t) if fit.engine_type == "trtllm" else 0.0
+        first = fit.decode_ms(t) if DEFAULT_FIRST_TOKEN_DECODE[fit.engine_type] else 0.0
         fresh = path_at(fit.lab_path_ms, t) + fit.request_ms(t) + prefill + first
         fit.prefix_saving_share = (fresh - r.ttft_ms_p50) / prefill
         fit.prefix_cache = fit.prefix_saving_share >= PREFIX_CACHE_SHARE

@@ -108,7 +108,8 @@ class EngineSettings(Settings):
         None, "Engine args (mocker.engine.EngineArgs) as inline JSON (starting with '{') or a "
         "JSON file: engine_type (trtllm|vllm), num_gpu_blocks, block_size, max_num_seqs, "
         "max_num_batched_tokens, enable_prefix_caching, enable_chunked_prefill, speedup_ratio, "
-        "decode_speedup_ratio, kv_transfer_bandwidth, kv_bytes_per_token, timing. Unknown keys "
+        "decode_speedup_ratio, kv_transfer_bandwidth, kv_bytes_per_token, timing, "
+        "first_token_decode. Unknown keys "
         "are rejected.", aliases=("--extra-engine-args",), metavar="JSON|FILE",
         default_text="the reference TRT-LLM defaults")
     kv_host: str = setting(

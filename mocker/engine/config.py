@@ -16,6 +16,11 @@ ENGINE_TYPES = ("trtllm", "vllm")
 DEFAULT_ENGINE_TYPE = "trtllm"
 #: block size used when the JSON does not give one, per engine type (reference builder defaults)
 DEFAULT_BLOCK_SIZE = {"trtllm": 32, "vllm": 64}
+#: whether the pass that finishes a prompt also charges a decode step for the first token, per
+#: engine type when the JSON does not say (docs/mocker.md "Scheduler"). Dynamo 1.6.1's mocker
+#: charges none under either policy (its offline replay: TTFT at c=1 = prefill alone);
+#: `trtllm` keeps the lab's earlier reading until the default is decided on that evidence.
+DEFAULT_FIRST_TOKEN_DECODE = {"trtllm": True, "vllm": False}
 DEFAULT_NUM_GPU_BLOCKS = 16384
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -23,6 +28,12 @@ DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS = 64.0
 #: 32 layers x 2 (K and V) x 8 KV heads x 128 head dim x 2 bytes (bf16)
 DEFAULT_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
 TIMING_TYPES = ("polynomial", "fixed", "profile")
+#: how a profile's ``request`` rows apply (docs/mocker.md "Timing"): ``delay`` = the request
+#: may not be scheduled before arrival + request(T); ``floor`` = it is scheduled at once, but
+#: its first token is not emitted before arrival + request(T) (tokens produced earlier are held
+#: and emitted together), as a serving path that holds the first response bytes back while
+#: the engine works (Dynamo 1.6.1's TTFT at concurrency 1, docs/fidelity.md)
+REQUEST_MODES = ("delay", "floor")
 
 
 def _default_timing() -> dict[str, Any]:
@@ -47,10 +58,15 @@ class EngineArgs:
     kv_transfer_bandwidth: float = DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS
     kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
     timing: dict[str, Any] = field(default_factory=_default_timing)
+    #: None = the engine type's default (trtllm true, vllm false)
+    first_token_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if self.block_size == 0 and self.engine_type in DEFAULT_BLOCK_SIZE:
             object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.engine_type])
+        if self.first_token_decode is None and self.engine_type in DEFAULT_FIRST_TOKEN_DECODE:
+            object.__setattr__(self, "first_token_decode",
+                               DEFAULT_FIRST_TOKEN_DECODE[self.engine_type])
         _validate(self)
 
     @classmethod
@@ -106,7 +122,7 @@ def _validate(a: EngineArgs) -> None:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if a.engine_type == "trtllm" and a.block_size < 2:
         raise ValueError(f"block_size must be >= 2 for trtllm, got {a.block_size!r}")
-    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+    for name in ("enable_prefix_caching", "enable_chunked_prefill", "first_token_decode"):
         v = getattr(a, name)
         if not isinstance(v, bool):
             raise ValueError(f"{name} must be true or false, got {v!r}")
@@ -124,7 +140,7 @@ def _validate_timing(t: Any) -> None:
     if kind not in TIMING_TYPES:
         raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
     allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
-               "profile": {"type", "path"}}[kind]
+               "profile": {"type", "path", "request_mode"}}[kind]
     for key in t:
         if key not in allowed:
             raise ValueError(f"unknown key timing.{key} for timing type {kind!r}")
@@ -137,3 +153,7 @@ def _validate_timing(t: Any) -> None:
         p = t.get("path")
         if not isinstance(p, str) or not p:
             raise ValueError(f"timing.path must be a non-empty file path, got {p!r}")
+        mode = t.get("request_mode", REQUEST_MODES[0])
+        if mode not in REQUEST_MODES:
+            raise ValueError(
+                f"timing.request_mode must be one of {', '.join(REQUEST_MODES)}, got {mode!r}")

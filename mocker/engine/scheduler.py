@@ -25,14 +25,15 @@ One `step(now_ms)` is one forward pass:
    on the sum of sequence lengths of the decode set when it is not empty.
 5. At pass end every request whose KV now covers its whole sequence emits one token.
 
-First token (our reading of the reference engines): the pass that finishes a prompt emits the first
-token under both policies (real engines sample it from the context phase). The policies differ
-in what that costs: ``vllm`` samples it from the prefill itself (the request is not part of
-the pass's decode set: no decode time is charged for it), while ``trtllm`` does not sample
-from prefill, so the request joins that pass's decode set (its sequence counts in p and the
-pass is charged a decode step). Exception, as the reference's prefill workers do: a request
-whose whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with
-zero decode time under both policies.
+First token: the pass that finishes a prompt emits the first token under both policies (real
+engines sample it from the context phase). What it costs is ``first_token_decode``
+(EngineArgs): off, it is sampled from the prefill itself (the request is not part of the
+pass's decode set: no decode time is charged for it); on, the request joins that pass's decode
+set (its sequence counts in p and the pass is charged a decode step). Default per policy:
+``vllm`` off, ``trtllm`` on (the lab's earlier reading; Dynamo 1.6.1's trtllm mocker charges
+none, docs/fidelity.md). Exception, as the reference's prefill workers do: a request whose
+whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with zero
+decode time either way.
 
 Normalization at `add` (both policies, so a request always fits once alone): a prompt that
 fills the pool (``prompt_len >= num_gpu_blocks * block_size``) or, with chunked prefill off,
@@ -145,6 +146,7 @@ class _Req:
         "cap",
         "computed",
         "dec",
+        "floor",
         "hashes",
         "key",
         "kv_present",
@@ -177,6 +179,7 @@ class _Req:
         self.cap = 0  # tokens the held blocks can store
         self.kv_present = req.kv_transferred
         self.ready_at = req.ready_at_ms
+        self.floor = 0.0  # first token not emitted before this time (0 = no floor)
         self.reserve = reserve  # trtllm to-completion blocks
         self.computed = 0  # tokens whose KV is present
         self.hashes: list[bytes] | None = None  # prompt block hashes (lazy)
@@ -201,6 +204,7 @@ class Scheduler:
         self._vllm = args.engine_type == "vllm"
         self._caching = args.enable_prefix_caching
         self._chunked = args.enable_chunked_prefill
+        self._first_decode = bool(args.first_token_decode)
         self._budget = args.max_num_batched_tokens
         self._max_seqs = args.max_num_seqs
         self._capacity = args.num_gpu_blocks * args.block_size
@@ -208,6 +212,9 @@ class Scheduler:
         self._waiting: deque[_Req] = deque()
         self._reqs: dict[str, _Req] = {}
         self._pending: list[Signal] = []
+        #: requests whose first token is held back: key -> [floor time, held signals]
+        self._held: dict[str, tuple[float, list[Signal]]] = {}
+        self._floor_mode = self._timing.request_is_floor
         self._outstanding = 0  # trtllm: sum over running of (reserve - held)
         self._now = float("-inf")
         self._recent: deque[tuple[int, float]] = deque(maxlen=_RECENT_PASSES)
@@ -255,6 +262,8 @@ class Scheduler:
             max_out = min(max_out, self._budget - plen + 1)
         bs = self._bs
         r = _Req(req, max_out, -(-(plen + max_out) // bs))
+        if self._floor_mode and not req.kv_transferred and r.ready_at > 0.0:
+            r.floor, r.ready_at = r.ready_at, 0.0  # scheduled at once; first token held
         if self._caching:
             r.n_full = plen // bs
         self._reqs[r.key] = r
@@ -264,7 +273,7 @@ class Scheduler:
         """Stop a request and release its blocks. False if unknown or already finished."""
         r = self._reqs.pop(key, None)
         if r is None:
-            return False
+            return self._held.pop(key, None) is not None
         if r.state == _RUNNING:
             self._running.remove(r)
             self._release(r)
@@ -282,8 +291,9 @@ class Scheduler:
         if self._pending or self._running:
             return True
         if now_ms is None:
-            return bool(self._waiting)
-        return any(r.ready_at <= now_ms for r in self._waiting)
+            return bool(self._waiting or self._held)
+        return (any(r.ready_at <= now_ms for r in self._waiting)
+                or any(f <= now_ms for f, _ in self._held.values()))
 
     def next_ready_ms(self, now_ms: float | None = None) -> float | None:
         """Earliest ``ready_at_ms`` among waiting requests not yet ready at `now_ms`
@@ -293,6 +303,9 @@ class Scheduler:
         for r in self._waiting:
             if r.ready_at > now and (best is None or r.ready_at < best):
                 best = r.ready_at
+        for f, _ in self._held.values():
+            if f > now and (best is None or f < best):
+                best = f
         return best
 
     @property
@@ -419,7 +432,7 @@ class Scheduler:
                 waiting.extendleft(reversed(deferred))
 
         # 3. pass end for prefill chunks and admitted requests
-        trt = not self._vllm
+        first_decode = self._first_decode
         for r in pending:
             r.computed += r.sched
             if r.n_shared < r.n_full:
@@ -427,8 +440,8 @@ class Scheduler:
             seq = r.seq
             if r.computed != seq:
                 continue  # prefill chunk still incomplete
-            if trt and not r.dec and r.max_out != 1:
-                decode_kv += seq  # trtllm: the first token is a decode step of this pass
+            if first_decode and not r.dec and r.max_out != 1:
+                decode_kv += seq  # the first token is a decode step of this pass
                 n_decode += 1
             if self._advance(r, seq, emit):
                 done.append(r)
@@ -447,6 +460,8 @@ class Scheduler:
         duration = timing.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
         if n_decode:
             duration += timing.decode_ms(decode_kv)
+        if self._held:
+            signals = self._hold_back(signals, now_ms + duration)
         self._passes += 1
         self._tokens += emitted
         self._prefill_total += prefill_tokens
@@ -473,7 +488,7 @@ class Scheduler:
         running = self._running
         keys = [r.key for r in running]
         n = len(running)
-        if self._pending or self._waiting or not n or n > self._budget:
+        if self._pending or self._waiting or self._held or not n or n > self._budget:
             return Burst(0, now_ms, 0.0, keys, [[] for _ in running])
         # Every pass adds one token to each request: limits are known up front.
         limit = max(1, max_tokens // n)
@@ -562,9 +577,26 @@ class Scheduler:
             self._first_signal(r, pos, fin, emit)
         return fin
 
+    def _hold_back(self, signals: list[Signal], end_ms: float) -> list[Signal]:
+        """Signals visible at `end_ms`: those of requests whose first-token floor is still
+        ahead are held; held ones whose floor has come are released (in order)."""
+        held = self._held
+        out: list[Signal] = []
+        for s in signals:
+            h = held.get(s.key)
+            if h is None:
+                out.append(s)
+            else:
+                h[1].append(s)
+        for key in [k for k, (f, _) in held.items() if f <= end_ms]:
+            out.extend(held.pop(key)[1])
+        return out
+
     def _first_signal(
         self, r: _Req, pos: int, fin: bool, emit: Callable[[Signal], None]
     ) -> None:
+        if r.floor > 0.0:
+            self._held[r.key] = (r.floor, [])
         r.reported = True
         self._cached_total += r.cached
         emit(Signal(r.key, r.token_at(pos), pos, fin, False, r.cached))

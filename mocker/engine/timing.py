@@ -16,9 +16,11 @@ Models (selected by `EngineArgs.timing["type"]`):
   - ``kind = decode``: ``tokens`` = active KV tokens (sum of the sequence lengths of the
     decode-ready requests), ``ms`` = decode step time;
   - ``kind = request`` (optional): ``tokens`` = prompt tokens, ``ms`` = a per-request latency
-    before the request may be scheduled, which holds no engine time (no other request waits
-    for it): a target's HTTP and routing path beyond the lab's own, as `lab calibrate`
-    measures it (docs/fidelity.md). Not applied to a decode leg after a handoff.
+    which holds no engine time (no other request waits for it): a target's HTTP and routing
+    path beyond the lab's own, as `lab calibrate` measures it (docs/fidelity.md). Not applied
+    to a decode leg after a handoff. ``"request_mode"`` says where it sits: ``delay``
+    (default) before the request may be scheduled; ``floor`` the request is scheduled at once
+    and its first token is emitted no earlier than that latency after arrival.
 
   Each kind is a 1-D piecewise-linear interpolation over ``tokens`` with linear extrapolation
   past both ends (from the two nearest points; a single point is a constant); at least one row
@@ -133,6 +135,7 @@ class TimingModel:
         "_prefill_div",
         "_request",
         "_total_kv_tokens",
+        "request_is_floor",
         "scaled_decode_ms",
     )
 
@@ -145,6 +148,8 @@ class TimingModel:
         prefill: Callable[[int], float]
         decode: Callable[[int], float]
         self._request: Interp1D | None = None
+        #: the profile's ``request`` rows are a first-token floor, not a scheduling delay
+        self.request_is_floor = t.get("request_mode") == "floor"
         if kind == "fixed":
             pf, dc = float(t["prefill_ms"]), max(float(t["decode_ms"]), DECODE_FLOOR_MS)
             prefill = lambda n: pf if n > 0 else 0.0  # noqa: E731

@@ -1,0 +1,43 @@
+"""A profile's `request` latency over a real socket (`mocker serve`, speedup 1): as a `delay`
+the request waits before the engine takes it, and its tokens then come one per pass; as a
+`floor` (docs/mocker.md "Timing") the engine runs it at once and holds its first token until
+the latency has passed, so the tokens of the passes before it arrive together."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mocker.test_server_support import engine_process, request, tokens_of
+
+REQUEST_MS = 300.0  # the latency: long against the machine's jitter
+DECODE_MS = 2.0
+TOKENS = 100  # 100 passes of 2 ms: the whole stream fits before the floor
+
+
+@pytest.mark.parametrize("mode", ["delay", "floor"])
+def test_request_latency_delays_the_request_or_holds_its_first_token(tmp_path: Path,
+                                                                     mode: str) -> None:
+    csv = tmp_path / "profile.csv"
+    csv.write_text(f"kind,tokens,ms\nprefill,1,1\ndecode,1,{DECODE_MS}\n"
+                   f"request,1,{REQUEST_MS}\n")
+    args = {"engine_type": "vllm",
+            "timing": {"type": "profile", "path": str(csv), "request_mode": mode}}
+    with engine_process(tmp_path, f"engine-{mode}", "--speedup-ratio", "1",
+                        "--engine-args", json.dumps(args)) as e:
+        t0 = time.monotonic()
+        stamps: list[float] = []
+        out = []
+        for msg in e.inference.Generate(request(f"r-{mode}", max_tokens=TOKENS), timeout=60):
+            stamps.append(time.monotonic() - t0)
+            out.append(msg)
+    assert len(tokens_of(out)) == TOKENS
+    ttft, spread = stamps[0], stamps[-2] - stamps[0]  # the last message is `finished`
+    assert ttft >= REQUEST_MS / 1000
+    if mode == "delay":  # one token per simulated 2 ms pass after the delay
+        assert spread >= 0.9 * (TOKENS - 1) * DECODE_MS / 1000
+    else:  # every pass ended before the floor: all of them come out at it, together
+        assert spread < (TOKENS - 1) * DECODE_MS / 1000 / 2
