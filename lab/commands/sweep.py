@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from lab.commands.shard import ShardSettings, plan_shard
+from lab.commands.shard import ShardPlan, ShardSettings, plan_shard
 from lab.commands.shard import start as shard_start
 from lab.commands.sweep_settings import (
     FaultSpec,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # lab.load.sweep imports pandas: not for `lab sweep --help`
 
     from lab.load.client import RemoteClients
     from lab.load.sweep import LineProgress, SweepPlan
+    from lab.load.workload import WorkloadSpec
     from launch.stack import Stack
 
 __all__ = ["parse_conc", "parse_faults", "parse_server_pids", "sweep"]
@@ -136,12 +137,15 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         max_concurrency=arrival.max_concurrency)
     name = topology.get("name") or ("target" if target else "lab")
     with _remote_clients(ray, settings.quiet) as remote:
-        code = _sweep(settings, topology, target, name, plan, workload, shard_plan, remote)
+        code = _sweep(settings, client, topology, target, name, plan, workload, shard_plan,
+                      remote)
     sys.exit(code)
 
 
-def _sweep(settings: SweepSettings, topology: dict[str, Any], target: str | None, name: str,
-           plan: SweepPlan, workload: Any, shard_plan: Any, remote: RemoteClients | None) -> int:
+def _sweep(settings: SweepSettings, client: ClientSettings, topology: dict[str, Any],
+           target: str | None, name: str, plan: SweepPlan, workload: WorkloadSpec,
+           shard_plan: ShardPlan | None, remote: RemoteClients | None) -> int:
+    """Run the sweep the options describe (against --target, both modes, or one stack)."""
     if target:
         info = target_or_exit(target, topology.get("model"), workload, client.timeout,
                               quiet=settings.quiet)

@@ -25,6 +25,7 @@ Ray is imported only here (and only when `--ray` is given): `pip install 'loadla
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -195,7 +196,7 @@ class RayClientPool:
         s = self.settings
         try:
             ray.init(address=s.ray, include_dashboard=False, log_to_driver=False,
-                     logging_level="warning", configure_logging=False)
+                     logging_level=logging.WARNING, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise RayClientError(f"--ray {s.ray}: cannot connect: {exc}") from None
         self._started_ray = True
