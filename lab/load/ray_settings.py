@@ -64,5 +64,5 @@ class RaySettings(Settings):
                  if getattr(self, name) != type(self).model_fields[name].default]
         if given and self.ray is None:
             flags = ", ".join("--" + n.replace("_", "-") for n in sorted(given))
-            raise ValueError(f"{flags} need --ray")
+            raise ValueError(f"{flags} need{'s' if len(given) == 1 else ''} --ray")
         return self
