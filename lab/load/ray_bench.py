@@ -44,7 +44,7 @@ def _cluster(address: str | None, nodes: int) -> Iterator[str]:
     ray_environment()
     from ray.cluster_utils import Cluster
 
-    args = {"num_cpus": BENCH_NODE_CPUS, "include_dashboard": False}
+    args: dict[str, Any] = {"num_cpus": BENCH_NODE_CPUS, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, connect=False, head_node_args=args)
     try:
         for _ in range(nodes - 1):
