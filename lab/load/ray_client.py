@@ -55,6 +55,8 @@ from lab.load.sse import RawResponse
 BATCH_INTERVAL_S = PROGRESS_INTERVAL_S
 #: What a lost actor's unanswered requests are recorded as.
 LOST_KIND = "client_lost"
+#: How long the head's GCS port gets to accept a TCP connection before ray.init is tried.
+CONNECT_CHECK_S = 5.0
 _STRATEGY = {"spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
 
 
@@ -194,6 +196,12 @@ class RayClientPool:
         except ImportError:
             raise RayClientError("--ray needs Ray: pip install 'loadlab[ray]'") from None
         s = self.settings
+        if s.ray != "auto":  # a wrong address would leave ray.init retrying for minutes
+            host, _, port = str(s.ray).rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=CONNECT_CHECK_S).close()
+            except OSError as exc:
+                raise RayClientError(f"--ray {s.ray}: cannot connect: {exc}") from None
         try:
             ray.init(address=s.ray, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=False)

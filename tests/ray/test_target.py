@@ -5,6 +5,7 @@ per actor, every request sent once; a timed level ending on every actor."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,3 +55,14 @@ def test_timed_level(ray_cluster: RayCluster, fake_url: str, tmp_path: Path) -> 
     health = next(iter(json.loads((run / "client.json").read_text()).values()))
     # every actor stopped at the level's deadline: windows within a second of each other
     assert health["wall_s"] < 2 + 1.5
+
+
+def test_no_cluster_at_the_address_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as unused:  # bound, not listening: connections are refused
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        out = lab("sweep", "--ray", address, "--conc", "1", "--out", str(tmp_path / "run"),
+                  timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert f"--ray {address}: cannot connect" in out.stderr
+    assert "Traceback" not in out.stderr
