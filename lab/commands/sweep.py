@@ -137,6 +137,10 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         max_concurrency=arrival.max_concurrency)
     name = topology.get("name") or ("target" if target else "lab")
     with _remote_clients(ray, settings.quiet) as remote:
+        cap = arrival.max_concurrency
+        if remote is not None and cap is not None and cap < remote.streams_for():
+            raise click.BadParameter(f"{cap} is below the {remote.streams_for()} Ray client "
+                                     "actors it is split over", param_hint="'--max-concurrency'")
         code = _sweep(settings, client, topology, target, name, plan, workload, shard_plan,
                       remote)
     sys.exit(code)

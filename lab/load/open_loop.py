@@ -319,13 +319,13 @@ async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarra
     offsets = np.asarray(offsets_ns, dtype=np.int64)
     if len(offsets) != len(bodies):
         raise ValueError(f"{len(offsets)} intended send times for {len(bodies)} requests")
-    if max_concurrency is not None and max_concurrency < options.procs:
-        raise ValueError(f"max_concurrency {max_concurrency} is below the {options.procs} client "
+    procs = max(1, remote.streams_for() if remote is not None else options.procs)
+    if max_concurrency is not None and max_concurrency < procs:
+        raise ValueError(f"max_concurrency {max_concurrency} is below the {procs} client "
                          "processes it is split over")
     payloads = _Payloads(bodies, prebuild=True)
-    procs = max(1, options.procs)
     if remote is not None:
-        streams = split_streams(len(offsets), remote.streams_for(), seed)
+        streams = split_streams(len(offsets), procs, seed)
         records, infos = await remote.open(url, payloads, offsets, warmup, options,
                                            max_concurrency, streams, progress)
     elif options.isolate or procs > 1:

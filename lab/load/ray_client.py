@@ -55,6 +55,8 @@ from lab.load.sse import RawResponse
 BATCH_INTERVAL_S = PROGRESS_INTERVAL_S
 #: What a lost actor's unanswered requests are recorded as.
 LOST_KIND = "client_lost"
+#: Calls an actor runs at once: a level's generator plus the driver's clock pings.
+ACTOR_MAX_CALLS = 64
 #: How long the head's GCS port gets to accept a TCP connection before ray.init is tried.
 CONNECT_CHECK_S = 5.0
 _STRATEGY = {"spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
@@ -225,7 +227,8 @@ class RayClientPool:
         for k in range(count):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                         placement_group_bundle_index=k)
-            actor = actor_cls.options(num_cpus=s.ray_client_cpus, max_concurrency=64,
+            actor = actor_cls.options(num_cpus=s.ray_client_cpus,
+                                      max_concurrency=ACTOR_MAX_CALLS,
                                       scheduling_strategy=strategy,
                                       name=f"loadlab-client-{k}").remote()
             self.members.append(_Member(actor, k, {}))

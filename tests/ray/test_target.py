@@ -66,3 +66,12 @@ def test_no_cluster_at_the_address_is_a_clear_error(tmp_path: Path) -> None:
     assert out.returncode == 1, out.stderr
     assert f"--ray {address}: cannot connect" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_cap_below_the_actors_names_it(ray_cluster: RayCluster, fake_url: str,
+                                         tmp_path: Path) -> None:
+    out = lab("sweep", "--target", fake_url, "--rate", "10", "--max-concurrency", "2",
+              *TARGET, "--out", str(tmp_path / "run"), *ray_args(ray_cluster))
+    assert out.returncode == 2, out.stderr
+    assert "--max-concurrency" in out.stderr and "3 Ray client actors" in out.stderr
+    assert "Traceback" not in out.stderr
