@@ -78,6 +78,10 @@ def test_client_split_over_three_nodes(ray_cluster: RayCluster, local_run: Path,
     # the clock offsets and their error bound are stated
     assert len(level["clock_offsets_ns"]) == NODES
     assert 0 < level["clock_error_ns_max"] < 1e9
+    # ... in the report too
+    report = (run / "report.md").read_text()
+    assert "client on Ray, level 5/0" in report and "3 actors on 3 nodes" in report, report
+    assert "clock offsets" in report and "error bound <=" in report
     # the same schema and report as a local run
     stored = pd.read_parquet(run / "requests.parquet")
     stored_local = pd.read_parquet(local_run / "requests.parquet")

@@ -86,7 +86,8 @@ def test_node_lost_mid_level(ray_cluster: RayCluster, tmp_path: Path) -> None:
     assert lost["error_message"].str.contains("lost").all()
     # the others finished, and the level reported
     assert req.loc[req["error_kind"] != LOST_KIND, "ok"].all()
-    assert (run / "levels.csv").exists() and (run / "report.md").exists()
+    assert (run / "levels.csv").exists()
+    assert f"lost: client actor {victim} on node" in (run / "report.md").read_text()
     assert "c=6" in stdout + err
 
 
