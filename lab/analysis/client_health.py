@@ -34,6 +34,12 @@ def client_health(procs: list[dict], requests: pd.DataFrame) -> dict[str, Any]:
     lags = describe([lag / NS_PER_MS for p in procs for lag in p["loop_lags_ns"]])
     send = describe(measured(requests)["send_delay_ms"]) if len(requests) else describe([])
     n = len(requests)
+    remote = {}
+    if any("clock_offset_ns" in p for p in procs):  # client processes on other nodes (Ray)
+        remote = {"clock_offsets_ns": [p.get("clock_offset_ns") for p in procs],
+                  "clock_error_ns_max": max(p.get("clock_error_ns") or 0 for p in procs),
+                  "nodes": [p.get("node_id") for p in procs],
+                  "lost": [p["lost"] for p in procs if p.get("lost")]}
     return {
         "procs": len(procs),
         "started_ns": started,
@@ -47,4 +53,5 @@ def client_health(procs: list[dict], requests: pd.DataFrame) -> dict[str, Any]:
         "send_delay_max_ms": send["max"],
         "loop_lag_p99_ms": lags["p99"],
         "loop_lag_max_ms": lags["max"],
+        **remote,
     }

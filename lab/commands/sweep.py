@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from lab.commands.shard import ShardSettings, plan_shard
+from lab.commands.shard import ShardPlan, ShardSettings, plan_shard
 from lab.commands.shard import start as shard_start
 from lab.commands.sweep_settings import (
     FaultSpec,
@@ -28,13 +28,18 @@ from lab.commands.sweep_settings import (
 from lab.commands.target import target_or_exit, workload_from_options
 from lab.load.arrival_settings import ArrivalSettings
 from lab.load.client_settings import ClientSettings
+from lab.load.ray_settings import RaySettings
 from lab.shared.config_cli import options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY
 from launch.topology import TopologySpec
 
 if TYPE_CHECKING:  # lab.load.sweep imports pandas: not for `lab sweep --help`
+    from collections.abc import Iterator
+
+    from lab.load.client import RemoteClients
     from lab.load.sweep import LineProgress, SweepPlan
+    from lab.load.workload import WorkloadSpec
     from launch.stack import Stack
 
 __all__ = ["parse_conc", "parse_faults", "parse_server_pids", "sweep"]
@@ -98,8 +103,9 @@ def _given(param: str) -> bool:
 @options(ClientSettings, param="client")
 @options(ArrivalSettings, param="arrival")
 @options(ShardSettings, param="shard")
+@options(RaySettings, param="ray")
 def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSettings,
-          shard: ShardSettings, **topology: Any) -> None:
+          shard: ShardSettings, ray: RaySettings, **topology: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
@@ -111,6 +117,7 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
     if arrival.rate and _given("conc"):
         raise click.UsageError("--conc and --rate are alternatives: a level is a concurrency "
                                "(closed loop) or a request rate (open loop)")
+    _check_ray(ray, client, shard)
     target = settings.target
     shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
                             requests=settings.requests, seed=settings.seed)
@@ -129,14 +136,28 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency)
     name = topology.get("name") or ("target" if target else "lab")
+    with _remote_clients(ray, settings.quiet) as remote:
+        cap = arrival.max_concurrency
+        if remote is not None and cap is not None and cap < remote.streams_for():
+            raise click.BadParameter(f"{cap} is below the {remote.streams_for()} Ray client "
+                                     "actors it is split over", param_hint="'--max-concurrency'")
+        code = _sweep(settings, client, topology, target, name, plan, workload, shard_plan,
+                      remote)
+    sys.exit(code)
+
+
+def _sweep(settings: SweepSettings, client: ClientSettings, topology: dict[str, Any],
+           target: str | None, name: str, plan: SweepPlan, workload: WorkloadSpec,
+           shard_plan: ShardPlan | None, remote: RemoteClients | None) -> int:
+    """Run the sweep the options describe (against --target, both modes, or one stack)."""
     if target:
         info = target_or_exit(target, topology.get("model"), workload, client.timeout,
                               quiet=settings.quiet)
         plan.workload = replace(workload, include_usage=info.include_usage)
         run_dir = make_dir(name, settings.out)
         shard_start(run_dir, shard_plan)
-        code = run_target(run_dir, info.url, info.model, plan, settings, topology.get("name"),
-                          info.to_dict())
+        return run_target(run_dir, info.url, info.model, plan, settings, topology.get("name"),
+                          info.to_dict(), remote=remote)
     elif settings.compare_disagg:
         specs = [("aggregated", spec_from_options(**{**topology, "disagg": None, "prefill": None,
                                                      "decode": None})),
@@ -145,13 +166,47 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         for _, spec in specs:
             check_faults(settings.faults, spec)
         run_dir = make_dir(name, settings.out)
-        code = run_compare_disagg(run_dir, specs, plan, settings, topology.get("name"))
-    else:
-        spec = spec_from_options(**topology)
-        check_faults(settings.faults, spec)
-        run_dir = make_dir(name, settings.out)
-        code = run_launched(run_dir, spec, plan, settings, topology.get("name"))
-    sys.exit(code)
+        return run_compare_disagg(run_dir, specs, plan, settings, topology.get("name"),
+                                  remote=remote)
+    spec = spec_from_options(**topology)
+    check_faults(settings.faults, spec)
+    run_dir = make_dir(name, settings.out)
+    return run_launched(run_dir, spec, plan, settings, topology.get("name"), remote=remote)
+
+
+def _check_ray(ray: RaySettings, client: ClientSettings, shard: ShardSettings) -> None:
+    if ray.ray is None:
+        return
+    if client.client_procs != 1:
+        raise click.UsageError("--client-procs and --ray are alternatives: with --ray the "
+                               "client's processes are its actors (--ray-client-nodes)")
+    if shard.shard is not None:
+        raise click.UsageError("--shard and --ray are alternatives: --ray splits the client "
+                               "over the cluster itself")
+
+
+@contextlib.contextmanager
+def _remote_clients(ray: RaySettings, quiet: bool) -> Iterator[RemoteClients | None]:
+    """The sweep's client actors on the Ray cluster (--ray), closed when the sweep ends."""
+    if ray.ray is None:
+        yield None
+        return
+    from lab.load.ray_client import RayClientError, RayClientPool
+
+    pool = RayClientPool(ray)
+    try:
+        pool.start()
+    except RayClientError as exc:
+        pool.close()
+        raise click.ClickException(str(exc)) from None
+    try:
+        if not quiet:
+            for p in pool.placement():
+                _echo(f"ray client actor {p['actor']}: node {p['node_id'][:12]} "
+                      f"(host {p['host']}, pid {p['pid']})", err=True)
+        yield pool
+    finally:
+        pool.close()
 
 
 # ----- running -----
@@ -256,7 +311,8 @@ async def _main_task_guard() -> asyncio.Task:
 
 
 async def _launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan,
-                    faults: tuple[FaultSpec, ...], quiet: bool) -> None:
+                    faults: tuple[FaultSpec, ...], quiet: bool,
+                    remote: RemoteClients | None = None) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
     from launch.stack import Stack
 
@@ -270,7 +326,7 @@ async def _launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan,
             _echo(f"stack ready: {stack.frontend_url} (model {stack.model})", err=True)
             stack.on_event(_event_printer(progress))
         runner = SweepRunner(run_dir, stack.frontend_url, stack.model, plan, progress=progress,
-                             procs_samples=stack.cpu_samples)
+                             procs_samples=stack.cpu_samples, remote=remote)
         t0 = time.monotonic()
         async with asyncio.TaskGroup() as tg:
             injector = tg.create_task(_inject(stack, faults, t0, progress)) if faults else None
@@ -303,23 +359,25 @@ def _run(coro_factory: Any) -> int:
 
 
 def run_launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan, settings: SweepSettings,
-                 name: str | None, title: str | None = None) -> int:
+                 name: str | None, title: str | None = None,
+                 remote: RemoteClients | None = None) -> int:
     """`name`: the --name given (None: not given), as the sweep's config records it."""
     from launch.config import write_config
 
     write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, settings, name)})
-    code = _run(lambda: _launched(run_dir, spec, plan, settings.faults, settings.quiet))
+    code = _run(lambda: _launched(run_dir, spec, plan, settings.faults, settings.quiet, remote))
     _print_results(run_dir, title, make_plots=not settings.no_plots)
     return code
 
 
 async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, quiet: bool,
-                    server_pids: dict[str, int]) -> None:
+                    server_pids: dict[str, int], remote: RemoteClients | None = None) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
 
     await _main_task_guard()
     if not server_pids:
-        runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet))
+        runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet),
+                             remote=remote)
         await runner.run()
         return
     import psutil
@@ -332,7 +390,7 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, qui
              for name, pid in server_pids.items()]
     sampler = Sampler(lambda: views, run_dir / "procs.parquet", include_children=True)
     runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet),
-                         procs_samples=lambda: list(sampler.samples))
+                         procs_samples=lambda: list(sampler.samples), remote=remote)
     async with asyncio.TaskGroup() as tg:
         sampling = tg.create_task(sampler.run())
         try:
@@ -344,19 +402,21 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, qui
 
 
 def run_target(run_dir: Path, target: str, model: str, plan: SweepPlan, settings: SweepSettings,
-               name: str | None, target_check: dict | None = None) -> int:
+               name: str | None, target_check: dict | None = None,
+               remote: RemoteClients | None = None) -> int:
     from launch.config import write_config
 
     write_config(run_dir, extra={"sweep": _sweep_config(plan, settings, name, target=target,
                                                         model=model, target_check=target_check)})
     code = _run(lambda: _targeted(run_dir, target, model, plan, settings.quiet,
-                                  settings.server_pids))
+                                  settings.server_pids, remote))
     _print_results(run_dir, make_plots=not settings.no_plots)
     return code
 
 
 def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], plan: SweepPlan,
-                       settings: SweepSettings, name: str | None) -> int:
+                       settings: SweepSettings, name: str | None,
+                       remote: RemoteClients | None = None) -> int:
     """Both topologies into run_dir/<mode>/, then the comparison into run_dir/compare/."""
     from lab.report.comparison import compare_runs
 
@@ -365,7 +425,7 @@ def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], pla
         sub = run_dir / mode
         sub.mkdir()
         spec.name = f"{spec.name}-{mode}"
-        code = run_launched(sub, spec, plan, settings, name, title=mode)
+        code = run_launched(sub, spec, plan, settings, name, title=mode, remote=remote)
         if code != 0:
             return code
         dirs.append(sub)

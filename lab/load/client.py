@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -76,6 +76,22 @@ class LevelResult:
     concurrency: int
     records: list[dict] = field(default_factory=list)
     procs: list[dict] = field(default_factory=list)
+
+
+class RemoteClients(Protocol):
+    """Client processes somewhere else than this machine's children (`lab.load.ray_client`):
+    what `run_level` and `open_loop.run_rate_level` hand a level to instead of spawning."""
+
+    async def closed(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
+                     options: ClientOptions, progress: Callable[[Progress], None] | None
+                     ) -> tuple[list[dict], list[dict]]: ...
+
+    async def open(self, url: str, payloads: _Payloads, offsets: Any, warmup: int,
+                   options: ClientOptions, cap: int | None, streams: Any,
+                   progress: Callable[[Progress], None] | None
+                   ) -> tuple[list[dict], list[dict]]: ...
+
+    def streams_for(self) -> int: ...
 
 
 def endpoint_url(url: str, body: dict) -> str:
@@ -158,7 +174,8 @@ class _Driver:
     """One process's share of a level: `concurrency` slot tasks over a shared index counter."""
 
     def __init__(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                 options: ClientOptions, shared: _Shared | None = None, proc: int = 0) -> None:
+                 options: ClientOptions, shared: _Shared | None = None, proc: int = 0,
+                 indices: Sequence[int] | None = None) -> None:
         self.url = url
         self.payloads = payloads
         self.concurrency = concurrency
@@ -168,6 +185,9 @@ class _Driver:
         self.proc = proc
         self.records: list[dict] = []
         self.lags_ns: list[int] = []
+        # the request indices this driver claims, in order (default: all of `payloads`); a
+        # driver that shares no counter with the others (a Ray actor) gets its own share
+        self.indices: Sequence[int] = range(payloads.n) if indices is None else indices
         self._next = 0
         self.done = 0
         self.errors = 0
@@ -189,11 +209,11 @@ class _Driver:
                     return None
                 self.shared.next_index.value = i + 1
             return i
-        i = self._next
-        if i >= self.payloads.n:
+        k = self._next
+        if k >= len(self.indices):
             return None
-        self._next = i + 1
-        return i
+        self._next = k + 1
+        return self.indices[k]
 
     def finish(self, i: int, scheduled: int, isl: int | None, osl: int | None, streaming: bool,
                 raw: RawResponse) -> None:
@@ -431,6 +451,35 @@ def split_share(concurrency: int, procs: int) -> list[int]:
     return [concurrency // procs + (1 if k < concurrency % procs else 0) for k in range(procs)]
 
 
+class ShareIndices(Sequence[int]):
+    """The request indices of one process's share when the processes share no counter: of every
+    `concurrency` consecutive indices, the `share` starting at `first` (the process's slots
+    among the level's), so every process gets requests in proportion to its slots and the
+    warm-up (the first indices) is spread over them like the slots are. Lazy: a timed level's
+    10**9 indices cost nothing."""
+
+    def __init__(self, n: int, concurrency: int, first: int, share: int) -> None:
+        self.concurrency, self.first, self.share = concurrency, first, share
+        rounds, rest = divmod(n, concurrency)
+        self.n = rounds * share + min(share, max(0, rest - first))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> int:  # type: ignore[override]
+        if not 0 <= k < self.n:
+            raise IndexError(k)
+        rnd, j = divmod(k, self.share)
+        return rnd * self.concurrency + self.first + j
+
+
+def share_indices(n: int, concurrency: int, procs: int) -> list[ShareIndices]:
+    """`split_share(concurrency, procs)`'s shares as disjoint index sets covering range(n)."""
+    shares = split_share(concurrency, procs)
+    firsts = [sum(shares[:k]) for k in range(len(shares))]
+    return [ShareIndices(n, concurrency, f, s) for f, s in zip(firsts, shares, strict=True)]
+
+
 #: How long a client process gets to exit (after its level, or after terminate()) before it
 #: is killed.
 CLIENT_JOIN_TIMEOUT_S = 5.0
@@ -527,20 +576,25 @@ def _recv(conn: Any, p: Any, stop: threading.Event) -> Any:
 
 async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmup: int = 0,
                     options: ClientOptions | None = None,
-                    progress: Callable[[Progress], None] | None = None) -> LevelResult:
+                    progress: Callable[[Progress], None] | None = None,
+                    remote: RemoteClients | None = None) -> LevelResult:
     """Run one closed-loop level: all of `bodies` (or, with options.duration_s, as many as fit)
     with exactly `concurrency` in flight. The first `warmup` requests are flagged `warmup=True`.
 
     `url` is the server's base URL (the endpoint follows the body: prompt -> /v1/completions,
     messages -> /v1/chat/completions) or a full endpoint URL.
     Records come back sorted by index (stamps and counts, no millisecond figure); `procs`
-    holds each client process's own measurements (ns stamps, CPU seconds).
+    holds each client process's own measurements (ns stamps, CPU seconds). With `remote`
+    the level runs on its client processes (`options.procs` is theirs to decide).
     """
     options = options or ClientOptions()
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
     payloads = _Payloads(bodies, prebuild=options.duration_s is None)
-    if options.isolate or (options.procs > 1 and concurrency > 1):
+    if remote is not None:
+        records, infos = await remote.closed(url, payloads, concurrency, warmup, options,
+                                             progress)
+    elif options.isolate or (options.procs > 1 and concurrency > 1):
         records, infos = await _run_procs(url, payloads, concurrency, warmup, options, progress)
     else:
         driver = _Driver(url, payloads, concurrency, warmup, options)

@@ -47,6 +47,7 @@ from lab.load.client import (
     ClientOptions,
     LevelResult,
     Progress,
+    RemoteClients,
     _Payloads,
     build_record,
     endpoint_url,
@@ -303,7 +304,8 @@ async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup:
 async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarray, *,
                          rate: float, warmup: int = 0, max_concurrency: int | None = None,
                          seed: Sequence[int] = (0,), options: ClientOptions | None = None,
-                         progress: Callable[[Progress], None] | None = None) -> LevelResult:
+                         progress: Callable[[Progress], None] | None = None,
+                         remote: RemoteClients | None = None) -> LevelResult:
     """Run one open-loop level: request i of `bodies` is due `offsets_ns[i]` after the level's
     start (`arrivals.ArrivalProcess.schedule_ns`). The first `warmup` are flagged warm-up.
 
@@ -311,17 +313,22 @@ async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarra
     until one ends (its `scheduled_ns` says when). `options.procs` processes split the schedule
     (`split_streams`, seeded by `seed`). Records come back sorted by index, each with `rate`
     and `concurrency` 0 (no closed loop); `procs` holds each client process's own figures.
+    With `remote`, its processes split the schedule instead (one stream each).
     """
     options = options or ClientOptions()
     offsets = np.asarray(offsets_ns, dtype=np.int64)
     if len(offsets) != len(bodies):
         raise ValueError(f"{len(offsets)} intended send times for {len(bodies)} requests")
-    if max_concurrency is not None and max_concurrency < options.procs:
-        raise ValueError(f"max_concurrency {max_concurrency} is below the {options.procs} client "
+    procs = max(1, remote.streams_for() if remote is not None else options.procs)
+    if max_concurrency is not None and max_concurrency < procs:
+        raise ValueError(f"max_concurrency {max_concurrency} is below the {procs} client "
                          "processes it is split over")
     payloads = _Payloads(bodies, prebuild=True)
-    procs = max(1, options.procs)
-    if options.isolate or procs > 1:
+    if remote is not None:
+        streams = split_streams(len(offsets), procs, seed)
+        records, infos = await remote.open(url, payloads, offsets, warmup, options,
+                                           max_concurrency, streams, progress)
+    elif options.isolate or procs > 1:
         streams = split_streams(len(offsets), procs, seed)
         records, infos = await _run_procs(url, payloads, offsets, warmup, options,
                                           max_concurrency, streams, procs, progress)

@@ -22,7 +22,7 @@ from lab.analysis.client_health import client_health
 from lab.analysis.metrics import level_key, summarize_run
 from lab.analysis.request_times import requests_frame
 from lab.load.arrivals import ArrivalProcess, schedule_seed
-from lab.load.client import ClientOptions, LevelResult, Progress, run_level
+from lab.load.client import ClientOptions, LevelResult, Progress, RemoteClients, run_level
 from lab.load.open_loop import run_rate_level
 from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.workload import RequestSet, WorkloadSpec
@@ -154,8 +154,10 @@ class SweepRunner:
     def __init__(self, run_dir: Path, url: str, model: str, plan: SweepPlan, *,
                  progress: LineProgress | None = None,
                  procs_samples: Callable[[], list[dict]] | None = None,
-                 on_level: Callable[[int, int, LevelResult], None] | None = None) -> None:
+                 on_level: Callable[[int, int, LevelResult], None] | None = None,
+                 remote: RemoteClients | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.remote = remote  # client processes elsewhere (lab.load.ray_client), or None
         self.url = url
         self.model = model
         self.plan = plan
@@ -186,7 +188,7 @@ class SweepRunner:
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
-                                 progress=self.progress.update)
+                                 progress=self.progress.update, remote=self.remote)
         self.last_row = self._save(concurrency, repeat, result)
         return result
 
@@ -211,7 +213,8 @@ class SweepRunner:
             self.started_ns = time.perf_counter_ns()
         result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
                                       max_concurrency=plan.max_concurrency, seed=seed,
-                                      options=options, progress=self.progress.update)
+                                      options=options, progress=self.progress.update,
+                                      remote=self.remote)
         self.last_row = self._save(0, repeat, result, rate)
         return result
 

@@ -123,6 +123,22 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _remote_client_lines(clients: dict) -> list[str]:
+    """Per level run on Ray client actors (lab.load.ray_client): their nodes, the clock
+    offsets their stamps were corrected by and the bound of that correction, any actor lost."""
+    lines = []
+    for level, c in clients.items():
+        if "clock_offsets_ns" not in c:
+            continue
+        offsets = [o / 1e3 for o in c["clock_offsets_ns"] if o is not None]
+        lost = f"; lost: {'; '.join(c['lost'])}" if c.get("lost") else ""
+        lines.append(
+            f"client on Ray, level {level}: {c['procs']} actors on {len(set(c['nodes']))} nodes, "
+            f"stamps corrected by clock offsets {min(offsets):,.1f} to {max(offsets):,.1f} us "
+            f"(error bound <= {c['clock_error_ns_max'] / 1e3:,.1f} us){lost}")
+    return lines
+
+
 def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = True,
               knee_threshold: float | None = None) -> RunAnalysis:
     """Rebuild levels.*, plots and report.md of a run directory."""
@@ -184,7 +200,8 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     tokens = token_check(requests, table, (sweep.get("workload") or {}).get("endpoint", ""))
     report = build_report(
         title=title or f"Sweep {name}",
-        setup=_setup_lines(config, requests),
+        setup=_setup_lines(config, requests) + _remote_client_lines(
+            rundir.read_json(run_dir / rundir.CLIENT_JSON, {}) or {}),
         levels=table,
         knee=knee,
         plots=[(cap, str(p.relative_to(run_dir))) for cap, p in made],

@@ -62,6 +62,13 @@ def run(*args: str) -> tuple[int, str]:
     "--target http://127.0.0.1:9 --server-pid frontend",
     "--target http://127.0.0.1:9 --server-pid x=999999999",
     "--stream-interval 4097",
+    "--ray-spread strict-spread",  # only with --ray
+    "--ray nonsense",
+    "--ray host:99999",
+    ("--ray auto --client-procs 2", "--client-procs"),
+    ("--ray auto --target http://127.0.0.1:9 --shard 0/2", "--shard"),
+    "--ray auto --ray-client-cpus 0",
+    "--ray auto --ray-clock-pings 0",
 )
 def test_bad_input_exits_2_naming_it(args: list[str], named: str) -> None:
     assert_usage_error(*run(*args), named)
