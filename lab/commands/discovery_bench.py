@@ -20,7 +20,9 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import cast
 
 import click
 import psutil
@@ -96,7 +98,8 @@ class _Watcher(threading.Thread):
         asyncio.run(self._follow())
 
     async def _follow(self) -> None:
-        async with contextlib.aclosing(self.registry.watch()) as sets:
+        watch = cast(AsyncGenerator[list[WorkerRecord], None], self.registry.watch())
+        async with contextlib.aclosing(watch) as sets:
             async for records in sets:
                 self.messages += 1
                 kind, want = self.until
