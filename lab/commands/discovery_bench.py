@@ -36,6 +36,10 @@ from launch.etcd import LocalEtcd
 MAX_WORKERS = 100_000
 MAX_EVENTS = 1_000_000
 _DONE = "done"
+#: The bench's lease TTL: long, so that no record expires while one writer plays N sidecars
+#: (it refreshes each far less often than a sidecar would); the TTL does not change what a
+#: watch event costs.
+_LEASE_TTL_S = 3600.0
 
 
 def parse_counts(value: str) -> tuple[int, ...]:
@@ -130,7 +134,7 @@ def _etcd_cpu(proc: psutil.Process) -> float:
 
 async def _measure(url: str, etcd: psutil.Process, n: int, events: int) -> Round:
     prefix = f"/bench-{n}-{time.monotonic_ns()}/"
-    writer = EtcdRegistry(url, prefix=prefix)
+    writer = EtcdRegistry(url, prefix=prefix, ttl_s=_LEASE_TTL_S)
     watcher = _Watcher(url, prefix)
     watcher.start()
     await asyncio.to_thread(watcher.started_clock.wait)
