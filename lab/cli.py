@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fidelity": ("lab.commands.fidelity:fidelity",
                  "Sweep a --target and the lab's stack side by side."),
     "nagle": ("lab.commands.nagle:nagle", "Probe the idle-connection Nagle / delayed-ACK stall."),
+    "bench-discovery": ("lab.commands.discovery_bench:bench_discovery",
+                        "Measure etcd discovery's CPU per worker event (docs/scale.md)."),
     "render": ("launch.k8s.cli:render", "Render a topology as Kubernetes manifests (render k8s)."),
     "sidecar": ("lab.serve.sidecar.cli:sidecar", "Run one sidecar (engine <-> request plane)."),
     "frontend": ("lab.serve.frontend.cli:frontend", "Run the OpenAI-compatible frontend."),

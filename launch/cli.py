@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
+from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, Settings, options, setting
 from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
 from launch.clean import _kill_group_of, leftovers_of
 from launch.cli_options import spec_from_options, topology_options
@@ -204,16 +204,23 @@ def _detach(spec: TopologySpec, run_dir: Path) -> int:
     return 1
 
 
+class UpSettings(Settings):
+    """`lab up`'s own options (the topology's are TopologySettings)."""
+
+    out: Path | None = setting(
+        None, "Run directory.", default_text="results/<YYYYmmdd-HHMMSS>-<name>",
+        path=click.Path(file_okay=False, path_type=Path))
+    detach: bool = setting(False, "Run the supervisor in the background; print, exit 0 once "
+                           "ready. Stop it with `lab down RUN`.")
+    supervise: Path | None = setting(
+        None, "Internal: the detached supervisor of a prepared run directory.", hidden=True,
+        path=click.Path(file_okay=False, path_type=Path))
+
+
 @click.command()
 @topology_options
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Run directory.  [default: results/<YYYYmmdd-HHMMSS>-<name>]")
-@click.option("--detach", is_flag=True,
-              help="Run the supervisor in the background; print, exit 0 once ready. "
-              "Stop it with `lab down RUN`.")
-@click.option("--supervise", type=click.Path(file_okay=False, path_type=Path), hidden=True,
-              help="Internal: the detached supervisor of a prepared run directory.")
-def up(out: Path | None, detach: bool, supervise: Path | None, **kwargs: Any) -> None:
+@options(UpSettings, param="run")
+def up(run: UpSettings, **kwargs: Any) -> None:
     """Launch a topology (engines, sidecars, frontend), print the frontend URL and the
     processes, and supervise it until Ctrl-C / SIGTERM.
 
@@ -225,6 +232,7 @@ def up(out: Path | None, detach: bool, supervise: Path | None, **kwargs: Any) ->
       lab up --topology exp.toml --detach
     """
     _install_uvloop()
+    out, detach, supervise = run.out, run.detach, run.supervise
     if supervise is not None:
         spec = TopologySpec.from_dict(json.loads((supervise / SPEC_FILE).read_text()))
         sys.exit(asyncio.run(_serve(spec, supervise, quiet=True)))

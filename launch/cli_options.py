@@ -1,151 +1,30 @@
-"""The topology options shared by `lab up`, `lab sweep` and `lab nagle`.
+"""The topology options shared by `lab up`, `lab sweep`, `lab nagle` and `lab render k8s`.
 
     @click.command()
     @topology_options
     def up(**kwargs):
         spec = spec_from_options(**kwargs)   # ignores keys that are not topology options
 
-Every option defaults to None ("not given"), so that a flag overrides a value from
-`--topology FILE.toml` only when the user passed it; the real defaults live in one place
-(launch.topology, lab.shared.settings.SocketSettings) and are shown in --help from there; an
-option that is a process's own setting (--stream-interval, --migration-limit) is generated from
-that process's settings field (lab.shared.config_cli.field_option).
+The options are generated from `launch.topology_settings.TopologySettings` (one field, one
+flag; lab.shared.config_cli); `spec_from_options` validates them as that model and builds the
+TopologySpec: a flag overrides a value from `--topology FILE.toml` only when it was given.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
-from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, field_option
-from lab.shared.engine_settings import EngineSettings
-from lab.shared.frontend_settings import FrontendSettings
-from lab.shared.settings import (
-    DEFAULT_MODEL,
-    DEFAULT_ROUTER,
-    ROUTERS,
-    SocketSettings,
-)
-from lab.shared.switches import ON_OFF, is_on, on_off
+from lab.shared.config_cli import field_options, parse_settings
 from launch.errors import TopologyError
-from launch.topology import (
-    DEFAULT_DECODE_SPEEDUP,
-    DEFAULT_GRACE_S,
-    DEFAULT_NAME,
-    DEFAULT_READY_TIMEOUT_S,
-    DEFAULT_RESTART_ENGINE,
-    DEFAULT_RESTART_SIDECAR,
-    DEFAULT_SPEEDUP,
-    RESTART_POLICIES,
-    FleetSpec,
-    TopologySpec,
-    parse_engine_args,
-)
+from launch.topology import FleetSpec, TopologySpec, parse_engine_args
+from launch.topology_settings import TopologySettings
 
-_SOCKETS = SocketSettings()
-# (param decls, click kwargs). Order = order in --help.
-_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (("--topology",), dict(
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="Read the topology from a TOML file (fleets, per-fleet overrides; see "
-        "launch/topology.py). Flags below override the file's values.")),
-    (("--engines",), dict(
-        type=click.IntRange(1, 256),
-        help="Aggregated engines (each with its sidecar).  [default: 1]")),
-    (("--disagg",), dict(
-        is_flag=True, default=None,
-        help="Disaggregated: prefill and decode fleets (see --prefill/--decode).")),
-    (("--prefill",), dict(
-        type=click.IntRange(1, 256),
-        help="Prefill engines (implies --disagg).  [default: 1]")),
-    (("--decode",), dict(
-        type=click.IntRange(1, 256),
-        help="Decode engines (implies --disagg).  [default: 1]")),
-    field_option(EngineSettings, "speedup_ratio", ("--speedup",), default=None, metavar="R",
-                 help=f"Engine speedup ratio (0 = no simulated time).  "
-                 f"[default: {DEFAULT_SPEEDUP:g}]"),
-    field_option(EngineSettings, "decode_speedup_ratio", ("--decode-speedup",), default=None,
-                 metavar="R",
-                 help=f"Extra decode speedup ratio.  [default: {DEFAULT_DECODE_SPEEDUP:g}]"),
-    field_option(EngineSettings, "stream_interval", default=None),
-    (("--engine-args",), dict(
-        metavar="JSON|FILE",
-        help="Engine arguments for every engine (JSON object or a JSON file).  [default: {}]")),
-    (("--prefill-engine-args",), dict(
-        metavar="JSON|FILE", help="Engine arguments for prefill engines, over --engine-args.")),
-    (("--decode-engine-args",), dict(
-        metavar="JSON|FILE", help="Engine arguments for decode engines, over --engine-args.")),
-    (("--router",), dict(
-        type=click.Choice(ROUTERS),
-        help=f"Frontend routing policy.  [default: {DEFAULT_ROUTER}]")),
-    (("--client-nodelay",), dict(
-        type=ON_OFF,
-        help="TCP_NODELAY on the frontend's request-plane sockets.  "
-        f"[default: {on_off(_SOCKETS.client_nodelay)}]")),
-    (("--server-nodelay",), dict(
-        type=ON_OFF,
-        help="TCP_NODELAY on the sidecars' accepted request-plane sockets.  "
-        f"[default: {on_off(_SOCKETS.server_nodelay)}]")),
-    (("--split-writes/--coalesced-writes",), dict(
-        default=None,
-        help="Write request frames as header + body (split) or in one write (coalesced).  "
-        f"[default: {'split' if _SOCKETS.split_writes else 'coalesced'}]")),
-    field_option(FrontendSettings, "pool_size", default=None),
-    (("--http-nodelay",), dict(
-        type=ON_OFF,
-        help="TCP_NODELAY on the frontend's accepted HTTP connections.  "
-        f"[default: {on_off(_SOCKETS.http_nodelay)}]")),
-    (("--port",), dict(
-        type=click.IntRange(0, 65535),
-        help="Frontend HTTP port (0 = the OS picks a free one).  [default: 0]")),
-    (("--discovery",), dict(
-        metavar="SPEC",
-        help="Discovery store: file:DIR, etcd://HOST:PORT[/prefix], or etcd (start a local "
-        "etcd for the run).  [default: file:<run dir>/discovery]")),
-    (("--restart-engine",), dict(
-        type=click.Choice(RESTART_POLICIES),
-        help=f"Restart policy of engines.  [default: {DEFAULT_RESTART_ENGINE}]")),
-    (("--restart-sidecar",), dict(
-        type=click.Choice(RESTART_POLICIES),
-        help=f"Restart policy of sidecars.  [default: {DEFAULT_RESTART_SIDECAR}]")),
-    (("--model",), dict(
-        help=f"Model name served by engines and frontend.  [default: {DEFAULT_MODEL}]")),
-    (("--tokenizer",), dict(
-        metavar="PATH",
-        help="A HuggingFace tokenizer.json, or a local model directory holding one (no hub "
-        "access). The launched frontend tokenizes prompts and detokenizes output with it, and "
-        "`lab sweep` builds prompts of exactly --isl tokens in it (with --target: only the "
-        "prompts).  [default: the frontend's word tokenizer, one token per word]")),
-    field_option(FrontendSettings, "migration_limit", default=None),
-    (("--enforce-disagg/--no-enforce-disagg",), dict(
-        default=None,
-        help="Frontend: fail requests instead of falling back when no prefill worker is up.  "
-        "[default: off]")),
-    (("--name",), dict(
-        help=f"Run name (results/<timestamp>-<name>).  [default: {DEFAULT_NAME}]")),
-    (("--ready-timeout",), dict(
-        type=FiniteFloatRange(min=0.1, max=MAX_SECONDS), metavar="SECONDS",
-        help="Every process must be ready within this time.  "
-        f"[default: {DEFAULT_READY_TIMEOUT_S:g}]")),
-    (("--grace",), dict(
-        type=FiniteFloatRange(min=0, max=MAX_SECONDS), metavar="SECONDS",
-        help=f"Teardown: SIGTERM, wait this long, then SIGKILL.  [default: {DEFAULT_GRACE_S:g}]")),
-]
-
-TOPOLOGY_OPTION_NAMES = frozenset(
-    click.Option(list(decls)).name for decls, _ in _OPTIONS
-)
-
-
-def topology_options(func: Callable) -> Callable:
-    """Decorate a click command with every topology option (same names, help and defaults)."""
-    for decls, kwargs in reversed(_OPTIONS):
-        func = click.option(*decls, **kwargs)(func)
-    return func
+#: Decorate a click command with every topology option (flat keywords, for spec_from_options).
+topology_options = field_options(TopologySettings)
+TOPOLOGY_OPTION_NAMES = frozenset(TopologySettings.model_fields)
 
 
 def _bad(option: str, message: str) -> click.BadParameter:
@@ -177,7 +56,12 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
 
     Raises click.BadParameter / click.UsageError (exit 2) naming the option or file at fault.
     """
-    opts = {k: kwargs.get(k) for k in TOPOLOGY_OPTION_NAMES}
+    return spec_from_settings(parse_settings(TopologySettings, kwargs))
+
+
+def spec_from_settings(settings: TopologySettings) -> TopologySpec:
+    """The TopologySpec of the topology options given (see spec_from_options)."""
+    opts = settings.model_dump()
     shape_given = [
         flag for flag, key in (("--engines", "engines"), ("--disagg", "disagg"),
                                ("--prefill", "prefill"), ("--decode", "decode"))
@@ -238,13 +122,9 @@ def spec_from_options(**kwargs: Any) -> TopologySpec:
             fleet.restart_sidecar = opts["restart_sidecar"]
 
     sockets: dict[str, Any] = {}
-    for key in ("client_nodelay", "server_nodelay", "http_nodelay"):
+    for key in ("client_nodelay", "server_nodelay", "http_nodelay", "split_writes", "pool_size"):
         if opts[key] is not None:
-            sockets[key] = is_on(opts[key])
-    if opts["split_writes"] is not None:
-        sockets["split_writes"] = opts["split_writes"]
-    if opts["pool_size"] is not None:
-        sockets["pool_size"] = opts["pool_size"]
+            sockets[key] = opts[key]
     if sockets:
         spec.sockets = dataclasses.replace(spec.sockets, **sockets)
 

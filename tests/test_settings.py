@@ -235,3 +235,108 @@ def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         config = json.loads((out / "config.json").read_text())
         assert config["sweep"]["client"]["isolate"] is isolated, config["sweep"]["client"]
+
+
+# --- the commands that launch or drive the processes: `lab sweep`, `lab up`, `lab nagle` ---
+
+def _command_models() -> dict[type[Settings], click.Command]:
+    from lab.commands.discovery_bench import DiscoveryBenchSettings, bench_discovery
+    from lab.commands.nagle import nagle
+    from lab.commands.nagle_settings import NagleSettings
+    from lab.commands.shard import ShardSettings
+    from lab.commands.sweep import sweep
+    from lab.commands.sweep_settings import SweepSettings
+    from lab.load.arrival_settings import ArrivalSettings
+    from lab.load.client_settings import ClientSettings
+    from launch.cli import UpSettings, up
+    from launch.topology_settings import TopologySettings
+
+    return {SweepSettings: sweep, ClientSettings: sweep, ArrivalSettings: sweep,
+            ShardSettings: sweep, TopologySettings: up, UpSettings: up, NagleSettings: nagle,
+            DiscoveryBenchSettings: bench_discovery}
+
+
+def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Per model (by name), instances whose fields together take a non-default value each
+    (more than one where a cross-field check forbids setting every field at once)."""
+    import os
+
+    from lab.commands.sweep_settings import FaultSpec
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")
+    toml = tmp_path / "topology.toml"
+    toml.write_text("")
+    earlier = tmp_path / "earlier-run"
+    earlier.mkdir()
+    return {
+        "SweepSettings": [dict(
+            conc=(2, 8), isl=64, osl=16, isl_stddev=4.0, osl_stddev=2.0, requests=40, warmup=3,
+            repeat=2, seed=9, shared_prefix=8, prompt_kind="text", endpoint="chat",
+            out=tmp_path / "sweep", target="http://127.0.0.1:1",
+            server_pids={"frontend": os.getpid()}, slo_ttft_ms=100.0, slo_latency_ms=900.0,
+            slo_itl_ms=5.5, knee_threshold=0.25, compare_disagg=True,
+            faults=(FaultSpec("engine-0", "kill", 1.5),), no_plots=True, quiet=True),
+            dict(duration=2.5)],
+        "ClientSettings": [dict(client_procs=3, fresh_connection=True, in_process_client=True,
+                                gap_ms=2.5, timeout=30.0)],
+        "ArrivalSettings": [dict(rate=(5.0, 10.0), arrival="gamma:2", max_concurrency=16),
+                            dict(rate="auto")],
+        "ShardSettings": [dict(shard="1/4", barrier="etcd://127.0.0.1:2379/job-1",
+                               barrier_timeout=30.0)],
+        "TopologySettings": [dict(
+            topology=toml, engines=3, disagg=True, prefill=2, decode=2, speedup=250.5,
+            decode_speedup=2.5, stream_interval=4, engine_args='{"max_num_seqs":3}',
+            prefill_engine_args='{"max_num_seqs":4}', decode_engine_args='{"max_num_seqs":5}',
+            router="random", client_nodelay=False, server_nodelay=True, split_writes=False,
+            pool_size=5, http_nodelay=False, port=8123, discovery="etcd",
+            restart_engine="on-failure", restart_sidecar="never", model="m-5",
+            tokenizer=str(tokenizer), migration_limit=3, enforce_disagg=False, name="n-1",
+            ready_timeout=12.5, grace=0.5)],
+        "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup")],
+        "NagleSettings": [dict(
+            out=tmp_path / "nagle", requests=50, arms="control,suspect", gap_ms="5,10", many=8,
+            threshold_ms=12.5, speedup=250.0, isl=16, osl=8, seed=3, warmup=2, timeout_s=30.0,
+            endpoint="chat", prompt_kind="text", tokenizer=str(tokenizer),
+            target="http://127.0.0.1:1", model="m", topology=toml, reanalyse_dir=earlier)],
+        "DiscoveryBenchSettings": [dict(workers=(5, 50), events=20)],
+    }
+
+
+@pytest.mark.parametrize("model", list(_command_models()), ids=lambda m: m.__name__)
+def test_every_command_field_reaches_its_command(model: type[Settings], tmp_path: Path) -> None:
+    """`lab sweep` (its own, the client's, the arrival's, the shard's and the topology's
+    settings), `lab up` and `lab nagle`: the flags `to_argv()` writes are what the real
+    command parses, for every field."""
+    command = _command_models()[model]
+    instances = command_values(tmp_path)[model.__name__]
+    given = {name for values in instances for name in values}
+    assert given == set(model.model_fields), "give every field a non-default value"
+    for values in instances:
+        for name, value in values.items():
+            assert value != model.model_fields[name].default, name
+        meant = model(**values)
+        with command.make_context(command.name or "cmd", meant.to_argv()) as ctx:
+            assert parse_settings(model, ctx.params) == meant
+
+
+def test_up_options_reach_the_spec_and_each_process(tmp_path: Path) -> None:
+    """A topology flag of `lab up` reaches the launcher's spec, and from it the argv of the
+    process whose setting it is (--stream-interval: the engine; --migration-limit: the
+    frontend; --server-nodelay: the sidecar)."""
+    from launch.cli import up
+    from launch.topology_settings import TopologySettings
+
+    meant = TopologySettings(stream_interval=6, migration_limit=4, server_nodelay=False,
+                             speedup=125.0, pool_size=3)
+    with up.make_context("up", meant.to_argv()) as ctx:
+        spec = spec_from_options(**ctx.params)
+    fleet = spec.fleets[0]
+    engine = parsed(EngineSettings, engine_argv(NO_PROGRAMS, spec, fleet, "e-0", port=1)[1:])
+    sidecar_got = parsed(SidecarSettings,
+                         sidecar_argv(NO_PROGRAMS, spec, fleet, "127.0.0.1:1", "file:/d",
+                                      "s-0")[1:])
+    frontend_got = parsed(FrontendSettings, frontend_argv(NO_PROGRAMS, spec, "file:/d")[1:])
+    assert (engine.stream_interval, engine.speedup_ratio) == (6, 125.0)
+    assert sidecar_got.server_nodelay is False
+    assert (frontend_got.migration_limit, frontend_got.pool_size) == (4, 3)

@@ -13,10 +13,13 @@ from typing import Any
 import click
 
 from lab.calibrate import probes as P
-from lab.commands.run_options import run_dir_options
+from lab.commands.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
 from lab.commands.sweep import make_dir
+from lab.commands.sweep_settings import SweepSettings
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
+from launch.topology_settings import TopologySettings
 
 LAB_PATH_OSL = 2  # the lab-path probes need a first token only (and one gap to be a stream)
 LAB_PATH_REQUESTS = 40
@@ -45,14 +48,13 @@ def say_to_stderr(quiet: bool) -> Any:
 
 
 @click.command()
-@click.option("--target", required=True, metavar="URL",
-              help="The OpenAI-compatible server to measure (e.g. http://127.0.0.1:8787).")
-@click.option("--model", default=None, help="Model name at the target.  [default: the one it "
-              "serves]")
-@click.option("--tokenizer", default=None, metavar="PATH",
-              help="The target's tokenizer (tokenizer.json or a model dir): prompts of exactly "
-              "the probe lengths, and the lab stack that measures its own path tokenizes with "
-              "it too.")
+@option_of(SweepSettings, "target", required=True,
+           help="The OpenAI-compatible server to measure (e.g. http://127.0.0.1:8787).")
+@option_of(TopologySettings, "model", help=TARGET_MODEL_HELP)
+@option_of(TopologySettings, "tokenizer",
+           help="The target's tokenizer (tokenizer.json or a model dir): prompts of "
+           "exactly the probe lengths, and the lab stack that measures its own path "
+           "tokenizes with it too.")
 @prompt_form_options
 @click.option("--context-isl", default=",".join(map(str, P.DEFAULT_CONTEXT_ISL)),
               show_default=True, metavar="LIST",
@@ -96,9 +98,8 @@ def say_to_stderr(quiet: bool) -> Any:
               help="The lab's own HTTP + request-plane + gRPC time to first token, subtracted "
               "from the target's TTFT.  [default: measured on a lab stack with a fixed, "
               "subtracted engine time, at each probe length]")
-@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS),
-              default=120.0,
-              show_default=True, metavar="SECONDS", help="Per-request timeout.")
+@option_of(ClientSettings, "timeout", ("--timeout", "timeout_s"), default=120.0,
+           show_default=True, help="Per-request timeout.")
 @run_dir_options("calibrate")
 def calibrate(**kw: Any) -> None:
     """Measure a real stack at --target and fit the lab mocker's timing to it.

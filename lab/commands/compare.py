@@ -7,12 +7,15 @@ from pathlib import Path
 
 import click
 
+from lab.commands.run_options import option_of
+from lab.commands.sweep_settings import SweepSettings
+
 
 @click.command()
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where compare.md, compare.csv and the plots go.  [default: RUN_A/compare/]")
-@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
+@option_of(SweepSettings, "out", type=click.Path(file_okay=False, path_type=Path),
+           help="Where compare.md, compare.csv and the plots go.  [default: RUN_A/compare/]")
+@option_of(SweepSettings, "no_plots")
 def compare(runs: tuple[str, ...], out: Path | None, no_plots: bool) -> None:
     """Compare sweep runs (run directories or run names under results/), the first as baseline."""
     from lab.analysis.rundir import REQUESTS

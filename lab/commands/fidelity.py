@@ -12,14 +12,16 @@ from typing import Any
 
 import click
 
-from lab.commands.calibrate import parse_ints, say_to_stderr
-from lab.commands.run_options import run_dir_options
+from lab.commands.calibrate import say_to_stderr
+from lab.commands.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
 from lab.commands.sweep import make_dir
 from lab.commands.sweep_settings import SweepSettings
 from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.load.client_settings import ClientSettings
 from lab.load.sweep import SweepPlan
-from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, field_option
+from lab.shared.config_cli import field_option
 from lab.shared.engine_settings import EngineSettings
+from launch.topology_settings import TopologySettings
 
 DEFAULT_CONC = "1,32,128"
 DEFAULT_SPEEDUP = 1.0  # the target runs in real time: so does the lab side
@@ -46,45 +48,41 @@ class Side:
 
 
 @click.command()
-@click.option("--target", required=True, metavar="URL",
-              help="The OpenAI-compatible server to compare the lab with.")
+@option_of(SweepSettings, "target", required=True,
+           help="The OpenAI-compatible server to compare the lab with.")
 @click.option("--target-disagg", default=None, metavar="URL",
               help="The same target deployed disaggregated: the lab is swept disaggregated "
               "too (1 prefill + 1 decode engine), and the disaggregation cost (req/s lost vs "
               "aggregated at c=32 and c=128) is put next to the target's.")
-@click.option("--engine-args", default=None, metavar="JSON|FILE",
-              help="Engine args of the lab's engines, e.g. the engine-args.json of `lab "
-              "calibrate`.  [default: the lab mocker's defaults]")
+@option_of(TopologySettings, "engine_args",
+           help="Engine args of the lab's engines, e.g. the engine-args.json of `lab "
+           "calibrate`.  [default: the lab mocker's defaults]")
 @click.option("--with-defaults", is_flag=True, default=False,
               help="Also sweep the lab with its default engine args (the uncalibrated mocker), "
               "shown beside.")
 @click.option(*_SPEEDUP[0], **_SPEEDUP[1])
-@click.option("--model", default=None, help="Model name at the target.  [default: the one it "
-              "serves]")
-@click.option("--tokenizer", default=None, metavar="PATH",
-              help="The target's tokenizer: prompts of exactly --isl tokens, and the lab's "
-              "frontend and engines use it too.")
+@option_of(TopologySettings, "model", help=TARGET_MODEL_HELP)
+@option_of(TopologySettings, "tokenizer",
+           help="The target's tokenizer: prompts of exactly --isl tokens, and the lab's "
+           "frontend and engines use it too.")
 @prompt_form_options
-@click.option("--conc", default=DEFAULT_CONC, show_default=True, metavar="LIST",
-              help="Concurrency levels, comma-separated.")
-@click.option("--isl", type=click.IntRange(1, 1_000_000), default=136, show_default=True,
-              help="Prompt tokens per request.")
-@click.option("--osl", type=click.IntRange(1, 1_000_000), default=128, show_default=True,
-              help="Output tokens per request.")
-@click.option("--requests", "n_requests", type=click.IntRange(1, 10_000_000), default=None,
-              help="Measured requests per level.  [default: max(--min-requests, --rounds x "
-              "concurrency)]")
+@option_of(SweepSettings, "conc", default=DEFAULT_CONC, show_default=True,
+           help="Concurrency levels, comma-separated.")
+@option_of(SweepSettings, "isl", help="Prompt tokens per request.")
+@option_of(SweepSettings, "osl", help="Output tokens per request.")
+@option_of(SweepSettings, "requests", ("--requests", "n_requests"),
+           help="Measured requests per level.  [default: max(--min-requests, --rounds "
+           "x concurrency)]")
 @click.option("--rounds", type=click.IntRange(1, 1000), default=DEFAULT_ROUNDS,
               show_default=True, help="Without --requests: rounds of the closed loop per level.")
 @click.option("--min-requests", type=click.IntRange(1, 10_000_000), default=DEFAULT_MIN_REQUESTS,
               show_default=True, help="Without --requests: the fewest measured requests of a "
               "level.")
-@click.option("--warmup", type=click.IntRange(0, 10_000_000), default=None,
-              help="Warm-up requests per level.  [default: the level's concurrency]")
+@option_of(SweepSettings, "warmup",
+           help="Warm-up requests per level.  [default: the level's concurrency]")
 @click.option(*_SEED[0], **_SEED[1])
-@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0.1, max=MAX_SECONDS),
-              default=600.0,
-              show_default=True, metavar="SECONDS", help="Per-request timeout.")
+@option_of(ClientSettings, "timeout", ("--timeout", "timeout_s"), default=600.0,
+           show_default=True, help="Per-request timeout.")
 @run_dir_options("fidelity")
 def fidelity(**kw: Any) -> None:
     """Sweep --target and the lab's stack (with --engine-args) the same way, and compare.
@@ -100,7 +98,7 @@ def fidelity(**kw: Any) -> None:
     """
     from lab.commands.lab_stack import lab_spec
 
-    concs = parse_ints(kw["conc"], "--conc")
+    concs = tuple(kw["conc"])
     workload = workload_from_options(kw, target=kw["target"])
     lab_kw = {"speedup": kw["speedup"], "tokenizer": kw["tokenizer"]}
     sides = [Side("target", url=kw["target"]),

@@ -6,13 +6,16 @@ from pathlib import Path
 
 import click
 
+from lab.commands.run_options import option_of
+from lab.commands.sweep_settings import SweepSettings
+
 
 @click.command()
 @click.argument("shard_dirs", nargs=-1, required=True,
                 type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="The merged run directory (must not exist or be empty).")
-@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
+@option_of(SweepSettings, "out", type=click.Path(file_okay=False, path_type=Path),
+           required=True, help="The merged run directory (must not exist or be empty).")
+@option_of(SweepSettings, "no_plots")
 def merge(shard_dirs: tuple[Path, ...], out: Path, no_plots: bool) -> None:
     """Join the run directories of `lab sweep --shard I/N` (all N shards) into one: requests
     on one wall clock, each level the sum of its shards, levels, plots and report.md."""

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import click
 
-from lab.shared.config_cli import FiniteFloatRange
+from lab.commands.run_options import option_of
+from lab.commands.sweep_settings import SweepSettings
 
 
 @click.command()
 @click.argument("run")
-@click.option("--no-plots", is_flag=True, default=False, help="Skip the PNG plots.")
-@click.option("--knee-threshold", type=FiniteFloatRange(min=0, min_open=True), default=None,
-              help="Marginal-efficiency threshold of the knee rule.  [default: the run's, or 0.1]")
+@option_of(SweepSettings, "no_plots")
+@option_of(SweepSettings, "knee_threshold", default=None, show_default=False,
+           help="Marginal-efficiency threshold of the knee rule.  [default: the run's, or 0.1]")
 def report(run: str, no_plots: bool, knee_threshold: float | None) -> None:
     """Re-analyse RUN (a run directory, or a run name under results/)."""
     from lab.analysis.rundir import REQUESTS

@@ -11,9 +11,20 @@ import click
 
 from lab.commands.sweep_settings import SweepSettings
 from lab.load.client_settings import ClientSettings
-from lab.shared.config_cli import field_option
+from lab.shared.config_cli import Settings, field_option
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: --model of a command that measures a --target.
+TARGET_MODEL_HELP = "Model name at the target.  [default: the one it serves]"
+
+
+def option_of(model: type[Settings], name: str, decls: tuple[str, ...] | None = None,
+              **overrides: Any) -> Callable[[F], F]:
+    """One field of `model` as one click option of another command (`field_option`: its
+    type, bounds, help and default, with `overrides`)."""
+    got_decls, kwargs = field_option(model, name, decls, **overrides)
+    return click.option(*got_decls, **kwargs)
 
 
 def run_dir_options(default_name: str) -> Callable[[F], F]:

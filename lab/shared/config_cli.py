@@ -16,6 +16,7 @@ launcher's). Adding a setting is adding one field.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import types
@@ -31,8 +32,8 @@ from pydantic.fields import FieldInfo
 
 from lab.shared.switches import ON_OFF, is_on, on_off
 
-__all__ = ["MAX_SECONDS", "Settings", "field_option", "options", "parse_settings", "setting",
-           "to_argv"]
+__all__ = ["MAX_SECONDS", "Settings", "field_like", "field_option", "field_options",
+           "given_or_default", "options", "parse_settings", "setting", "to_argv"]
 
 S = TypeVar("S", bound="Settings")
 
@@ -69,6 +70,8 @@ class Cli:
     parse: Callable[[Any], Any] | None = None  # text -> value; ValueError = bad input
     format: Callable[[Any], list[str]] | None = None  # value -> one argument per flag
     multiple: bool = False
+    hidden: bool = False  # not in --help (an internal option)
+    path: click.Path | None = None  # a path option's click checks (exists, file or directory)
 
 
 def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
@@ -81,6 +84,40 @@ def setting(default: Any, help: str, *, ge: float | None = None, gt: float | Non
         ... if required else default, ge=ge, gt=gt, le=le, lt=lt, description=help,
         json_schema_extra=cast(Any, {"cli": meta}),
     )
+
+
+_KEEP: Any = object()
+
+
+def field_like(model: type[Settings], name: str, *, default: Any = _KEEP,
+               help: str | None = None, **cli: Any) -> Any:
+    """A field defined as `model`'s field `name` is: the same default, bounds, help and
+    spelling, except what is given (`cli`: the keywords of `Cli`, e.g. flag=). For a command
+    whose option is another's setting (`lab nagle --isl` is `lab sweep --isl`)."""
+    info = model.model_fields[name]
+    bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt")
+              if hasattr(m, k)}
+    meta = dataclasses.replace(_cli(info), **cli)
+    if default is _KEEP:
+        default = ... if info.is_required() else info.default
+    return Field(default, description=help or info.description,
+                 json_schema_extra=cast(Any, {"cli": meta}), **bounds)
+
+
+def given_or_default(model: type[Settings], name: str, help: str | None = None,
+                     **cli: Any) -> Any:
+    """`field_like`, but default None ("not given", so that a value from another source, e.g.
+    a topology file, stands); the help shows the field's default.
+
+    For the options of a launcher (`lab up`) that set a process's own setting."""
+    info = model.model_fields[name]
+    own = _cli(info)
+    shown = own.default_text
+    if shown is None and not info.is_required() and info.default is not None:
+        value = info.default
+        shown = (own.format(value)[0] if own.format is not None else on_off(value)
+                 if own.on_off else f"{value:g}" if isinstance(value, float) else str(value))
+    return field_like(model, name, default=None, help=help, **{"default_text": shown, **cli})
 
 
 def _cli(info: FieldInfo) -> Cli:
@@ -126,6 +163,8 @@ def _bounds(info: FieldInfo) -> dict[str, Any]:
 
 
 def _click_type(info: FieldInfo, cli: Cli) -> Any:
+    if cli.path is not None:
+        return cli.path
     if cli.choices is not None:
         return click.Choice(cli.choices, case_sensitive=cli.case_sensitive)
     if cli.on_off:
@@ -190,6 +229,8 @@ def field_option(model: type[Settings], name: str, decls: tuple[str, ...] | None
     callback = _callback(cli)
     if callback is not None:
         kwargs["callback"] = callback
+    if cli.hidden:
+        kwargs["hidden"] = True
     # click puts a text default in parentheses; the help carries it instead, as written.
     shown = cli.default_text
     if shown is None and default is not None and not required and not cli.multiple:
@@ -224,8 +265,6 @@ def options(model: type[S], param: str = "settings") -> Callable[[Callable[..., 
                                                                   Callable[..., Any]]:
     """Add every field of `model` as a click option; the command receives one validated
     instance as `param` (and its other parameters as given)."""
-    names = list(model.model_fields)
-
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def command(**kwargs: Any) -> Any:
@@ -233,11 +272,21 @@ def options(model: type[S], param: str = "settings") -> Callable[[Callable[..., 
             rest = {k: v for k, v in kwargs.items() if k not in model.model_fields}
             return func(**{param: instance}, **rest)
 
-        wrapped: Callable[..., Any] = command
-        for name in reversed(names):
+        return field_options(model)(command)
+
+    return decorate
+
+
+def field_options(model: type[Settings]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add every field of `model` as a click option, its value passed on as a keyword of its
+    own (`options` gathers them into one instance; a command that hands them on to a function
+    taking keywords, e.g. `launch.cli_options.spec_from_options`, uses this)."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for name in reversed(list(model.model_fields)):
             decls, kwargs = field_option(model, name)
-            wrapped = click.option(*decls, **kwargs)(wrapped)
-        return wrapped
+            func = click.option(*decls, **kwargs)(func)
+        return func
 
     return decorate
 
