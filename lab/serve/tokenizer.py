@@ -26,13 +26,23 @@ completes the character; the end of the stream flushes what is left. A chunk who
 back writes no event (its tokens reach the client with the next one; usage counts them).
 An id outside the vocabulary decodes to no text, as the `tokenizers` decoder does (a real engine
 never emits one; the launched mockers are given the same tokenizer).
+
+A byte-level BPE (a `ByteLevel` decoder: GPT-2, Llama 3, Qwen, ...) decodes without the
+`tokenizers` call: each id's bytes are looked up once (`byte_level_table`), a chunk is the join
+of its ids' bytes, and `ByteLevelDecoder` feeds them to Python's incremental UTF-8 decoder
+(`errors="replace"`, as the Rust decoder's `from_utf8_lossy`), so a chunk is decoded once, not
+with its context twice. It holds back exactly where `IncrementalDecoder` does (text ending in
+U+FFFD, or inside a character), so the events and their text are the same;
+tests/serve/test_frontend_hf_tokenizer.py checks both against `tokenizers` on every id and on
+random id runs.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import blake3
 
@@ -124,6 +134,77 @@ class IncrementalDecoder:
         return text
 
 
+def _gpt2_char_bytes() -> dict[str, int]:
+    """The ByteLevel alphabet: the printable character that stands for each byte (GPT-2's
+    `bytes_to_unicode`, which the `tokenizers` ByteLevel decoder inverts)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def byte_level_table(tok: Any) -> list[bytes] | None:
+    """The bytes each id decodes to, when `tok` (a `tokenizers.Tokenizer`) decodes with a plain
+    ByteLevel decoder; None otherwise. A token whose characters are all in the ByteLevel
+    alphabet is those bytes; any other (an added token such as "<s>" written outside it) is its
+    own UTF-8, as the Rust decoder does. Added tokens are checked against `tok.decode`."""
+    from tokenizers import decoders
+
+    if not isinstance(tok.decoder, decoders.ByteLevel):
+        return None
+    char_bytes = _gpt2_char_bytes()
+    vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
+    table = [b""] * (max(vocab.values(), default=-1) + 1)
+    for token, tid in vocab.items():
+        try:
+            table[tid] = bytes([char_bytes[c] for c in token])
+        except KeyError:
+            table[tid] = token.encode()
+    for tid in tok.get_added_tokens_decoder():
+        text = tok.decode([tid], skip_special_tokens=False)
+        if table[tid].decode("utf-8", "replace") != text:
+            table[tid] = text.encode()
+    return table
+
+
+class ByteLevelDecoder:
+    """The stream decoder of a byte-level BPE (module docstring): the same events and text as
+    `IncrementalDecoder`, one UTF-8 decode per chunk."""
+
+    __slots__ = ("_decode", "_held", "_pending", "_table")
+
+    def __init__(self, table: list[bytes]) -> None:
+        self._table = table
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._decode = decoder.decode
+        self._pending = decoder.getstate  # (bytes inside an unfinished character, flag)
+        self._held = ""
+
+    def step(self, ids: list[int]) -> str:
+        table = self._table
+        try:
+            data = b"".join([table[i] for i in ids])
+        except IndexError:  # an id outside the vocabulary: no text
+            n = len(table)
+            data = b"".join([table[i] for i in ids if i < n])
+        text = self._held + self._decode(data)
+        if self._pending()[0] or text.endswith(_REPLACEMENT):
+            self._held = text  # wait for the token that completes (or follows) the character
+            return ""
+        self._held = ""
+        return text
+
+    def flush(self) -> str:
+        text = self._held + self._decode(b"", True)
+        self._held = ""
+        return text
+
+
 def word_token_id(word: str) -> int:
     """The default tokenizer's id of one whitespace-free word."""
     if word.startswith(_TOKEN_PREFIX) and word.endswith(">"):
@@ -193,6 +274,7 @@ class HFTokenizer:
             raise ValueError(f"--tokenizer {exc}") from None
         self.name = str(p)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._bytes = byte_level_table(self._tok)
 
     def encode(self, text: str, limit: int | None = None) -> list[int]:
         # A token is at least one character here only for most texts, so the text is encoded
@@ -200,9 +282,15 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=False)
+        table = self._bytes
+        if table is None:
+            return self._tok.decode(ids, skip_special_tokens=False)
+        n = len(table)
+        return b"".join([table[i] for i in ids if i < n]).decode("utf-8", "replace")
 
     def stream_decoder(self) -> StreamDecoder:
+        if self._bytes is not None:
+            return ByteLevelDecoder(self._bytes)
         return IncrementalDecoder(self.decode)
 
     def stop_token_id(self, stop: str) -> int | None:

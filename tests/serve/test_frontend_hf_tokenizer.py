@@ -64,6 +64,38 @@ def test_stream_decode_holds_a_partial_character_until_it_completes(tok_dir: Pat
     assert text + stream.flush() == tok.decode(cut)
 
 
+def test_byte_level_decoding_is_the_tokenizers_decoding_event_for_event(tok_dir: Path) -> None:
+    """The byte-table decoder of a byte-level BPE gives the text `tokenizers` gives, on every id
+    and on random runs of ids (lone bytes, cut characters, ids outside the vocabulary), and its
+    stream decoder the same events as the incremental decoder over `tokenizers`."""
+    import random
+
+    from tokenizers import Tokenizer
+
+    from lab.serve.tokenizer import ByteLevelDecoder, IncrementalDecoder
+
+    tok = HFTokenizer(tok_dir)
+    assert isinstance(tok.stream_decoder(), ByteLevelDecoder)
+    ref = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+
+    def ref_decode(ids: list[int]) -> str:
+        return ref.decode(ids, skip_special_tokens=False)
+
+    for tid in range(VOCAB_SIZE + 2):
+        assert tok.decode([tid]) == ref_decode([tid]), tid
+    rng = random.Random(23)
+    runs = [tok.encode(TEXT)] + [
+        [rng.randrange(VOCAB_SIZE + 2) for _ in range(rng.randrange(1, 40))] for _ in range(400)
+    ]
+    for ids in runs:
+        assert tok.decode(ids) == ref_decode(ids)
+        size = rng.choice([1, 1, 2, 3])
+        chunks = [ids[k:k + size] for k in range(0, len(ids), size)]
+        fast, slow = tok.stream_decoder(), IncrementalDecoder(ref_decode)
+        assert [fast.step(c) for c in chunks] + [fast.flush()] == \
+            [slow.step(c) for c in chunks] + [slow.flush()], ids
+
+
 def test_tokenizer_flag_reaches_the_engines(tok_dir: Path) -> None:
     spec = TopologySpec(tokenizer=str(tok_dir / "tokenizer.json"))
     argv = engine_argv(Programs.default(), spec, spec.fleets[0], "engine-0")

@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 import pytest
 
-from lab.serve.frontend.dispatch import Trace
 from lab.serve.frontend.encode import StreamEncoder
 from lab.serve.frontend.errors import ApiError
 from lab.serve.frontend.metrics import FrontendMetrics
 from lab.serve.frontend.protocol import parse_chat, parse_completion
+from lab.serve.frontend.trace import Trace
 from lab.serve.router import make_router, published_load
 from lab.serve.tokenizer import HFTokenizer, WordTokenizer, load_tokenizer, word_token_id
 
@@ -209,45 +209,63 @@ def test_metrics_render_prometheus_text() -> None:
 def test_a_lagging_consumer_still_gets_one_event_per_chunk() -> None:
     """Dispatcher._consume over a real request-plane connection: the worker sends four CHUNKs
     and the END in one loop turn, so all of them are queued when the consumer first looks;
-    each CHUNK still goes to on_chunk on its own (one SSE event each), never merged."""
+    each CHUNK still goes to the writer on its own (one SSE event each), never merged."""
     import asyncio
     from types import SimpleNamespace
 
-    from lab.serve.frontend.dispatch import Dispatcher
+    from lab.serve.frontend.dispatch import Dispatcher, _Request
+    from lab.serve.frontend.protocol import GenRequest
     from lab.serve.request_plane import RequestPlaneClient, StreamSink
     from lab.shared.settings import SocketSettings
-    from tests.serve.test_request_plane import ok_end, start_server
+    from tests.serve.test_request_plane import collect, ok_end, start_server
+
+    first_sent = asyncio.Event()
 
     async def handler(request: dict, sink: StreamSink) -> None:
+        if request.get("probe"):
+            sink.end(ok_end(0))
+            return
         sink.chunk({"t": [1], "lp": [-0.1]})
         sink.chunk({"t": [2, 3], "lp": [-0.2, -0.3]})
         sink.chunk({"t": [4], "lp": [-0.4]})
         sink.chunk({"t": [5], "lp": [-0.5]})
         sink.end(ok_end(5))
+        first_sent.set()
 
     seen: list[dict] = []
+    offered: list[dict] = []  # chunks offered in the read callback: none, all were queued
 
-    async def on_chunk(p: dict) -> None:
-        seen.append(p)
+    class Lagging:
+        def write_now(self, p: dict) -> bool:
+            offered.append(p)
+            return False
+
+        async def write(self, p: dict) -> None:
+            seen.append(p)
 
     async def main() -> dict:
         server = await start_server(handler)
-        client = RequestPlaneClient(server.address, SocketSettings())
+        client = RequestPlaneClient(server.address, SocketSettings(pool_size=1))
         try:
             stream = await client.open_stream({})
             async with asyncio.timeout(10):
-                while client.in_flight():  # until the END arrived: everything is queued
-                    await asyncio.sleep(0.005)
+                await first_sent.wait()
+                # Frames keep their order on the connection: once a later stream's END has
+                # arrived, every frame of the first one is queued.
+                await collect(await client.open_stream({"probe": True}))
             dispatcher = Dispatcher.__new__(Dispatcher)
             dispatcher._unavailable = (ConnectionError,)
             worker = SimpleNamespace(worker_id="w0", inflight=0)
-            return await dispatcher._consume(worker, stream, on_chunk, None)
+            req = _Request(GenRequest("completions", "m", [1]), Trace("r", 0, 0.0), Lagging(),
+                           None, migrates=False)
+            return await dispatcher._consume(worker, stream, req, None)
         finally:
             await client.close()
             await server.close()
 
     end = asyncio.run(main())
     assert end["finish"] == "length"
+    assert offered == []
     assert seen == [
         {"t": [1], "lp": [-0.1]},
         {"t": [2, 3], "lp": [-0.2, -0.3]},

@@ -30,8 +30,8 @@ from lab.serve.request_plane.frames import (
     FrameReader,
     encode_frame,
 )
-from lab.serve.request_plane.sockets import get_nodelay
 from lab.shared.settings import SocketSettings
+from tests.serve.tcp_peek import Sent, connections, nodelay, sent
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
 
@@ -136,7 +136,6 @@ async def test_one_stream_end_to_end() -> None:
         assert end["finish"] == "length" and end["usage"]["completion_tokens"] == 5
         assert stream.ended
         assert [x async for x in stream] == []  # ends after END
-        assert client.in_flight() == 0
 
 
 @both_loops
@@ -147,12 +146,13 @@ async def test_many_streams_multiplexed_on_the_pool() -> None:
         for i, (tokens, end, _) in enumerate(results):
             assert tokens == list(range(i * 1000, i * 1000 + 20))
             assert end["error"] is None
-        assert len(client.sockets()) == 2
-        assert len(server.sockets()) == 2
+        with connections(server.address) as (clients, servers):
+            assert len(clients) == 2 and len(servers) == 2
+            before = {s.getsockname() for s in clients}
         # Persistent: more streams reuse the same two connections.
-        before = {s.getsockname() for s in client.sockets()}
         await collect(await client.open_stream({"n": 1, "base": 0}))
-        assert {s.getsockname() for s in client.sockets()} == before
+        with connections(server.address) as (clients, _):
+            assert {s.getsockname() for s in clients} == before
 
 
 @both_loops
@@ -192,8 +192,10 @@ async def test_connection_loss_ends_streams_unavailable_and_cancels_sinks() -> N
         streams = [await client.open_stream({}) for _ in range(3)]
         await started.wait()
         await asyncio.sleep(0.05)
-        for sock in server.sockets():  # the worker side drops the connection
-            sock.shutdown(socket.SHUT_RDWR)
+        with connections(server.address) as (_, servers):
+            assert len(servers) == 1
+            for sock in servers:  # the worker side drops the connection
+                sock.shutdown(socket.SHUT_RDWR)
         async with asyncio.timeout(5):
             results = [await collect(s) for s in streams]
         for _, end, _ in results:
@@ -203,7 +205,8 @@ async def test_connection_loss_ends_streams_unavailable_and_cancels_sinks() -> N
             while not all(s.cancelled.is_set() for s in sinks) or len(sinks) < 3:
                 await asyncio.sleep(0.01)
         # The next open_stream reconnects.
-        assert client.sockets() == []
+        with connections(server.address) as (clients, _):
+            assert clients == []
         sinks.clear()
         stream = await client.open_stream({})
         await started.wait()
@@ -294,18 +297,29 @@ async def test_unreachable_worker_raises_worker_unavailable() -> None:
         RequestPlaneClient("nowhere")
 
 
-class SendCounter:
-    """Wraps a connection's send() to record the size of every send syscall."""
+class Sends:
+    """What one side of the only connection to `address` sent since `start` (TCP_INFO: with
+    TCP_NODELAY on loopback, each send() of a small payload is one data segment)."""
 
-    def __init__(self, conn) -> None:
-        self.sizes: list[int] = []
-        self._send = conn._send
-        conn._send = self
+    def __init__(self, address: str, side: str) -> None:
+        self.address = address
+        self.side = side
+        self._before = Sent(0, 0)
 
-    def __call__(self, data) -> int:
-        n = self._send(data)
-        self.sizes.append(len(data))
-        return n
+    def _now(self) -> Sent:
+        with connections(self.address) as (clients, servers):
+            (sock,) = clients if self.side == "client" else servers
+            return sent(sock)
+
+    def start(self) -> Sends:
+        self._before = self._now()
+        return self
+
+    def since(self) -> Sent:
+        return self._now() - self._before
+
+
+NODELAY_ONE = SocketSettings(pool_size=1, client_nodelay=True, server_nodelay=True)
 
 
 @both_loops
@@ -317,17 +331,16 @@ async def test_frames_of_one_iteration_leave_in_one_send() -> None:
         sink.chunk({"t": [3], "lp": [-0.3]})
         sink.end(ok_end(3))
 
-    async with plane(handler, SocketSettings(pool_size=1)) as (server, client):
+    async with plane(handler, NODELAY_ONE, NODELAY_ONE) as (server, client):
         await collect(await client.open_stream({}))  # opens the connection
-        (cconn,) = [c for c in client._slots if c is not None]
-        (sconn,) = server._connections
-        csends, ssends = SendCounter(cconn), SendCounter(sconn)
+        csends = Sends(server.address, "client").start()
+        ssends = Sends(server.address, "server").start()
         streams = [await client.open_stream({"i": i}) for i in range(5)]  # one iteration
         results = [await collect(s) for s in streams]
         for tokens, end, chunks in results:
             assert tokens == [1, 2, 3] and chunks == 3 and end["error"] is None
-        assert len(csends.sizes) == 1  # five REQUEST frames, one send()
-        assert len(ssends.sizes) == 1  # five (3 CHUNKs + END), one send()
+        assert csends.since().segments == 1  # five REQUEST frames, one send()
+        assert ssends.since().segments == 1  # five (3 CHUNKs + END), one send()
         stream = await client.open_stream({})
         payloads = [p for f, p in [x async for x in stream] if f == CHUNK]
         assert payloads == [{"t": [1], "lp": [-0.1]}, {"t": [2], "lp": [-0.2]},
@@ -336,35 +349,33 @@ async def test_frames_of_one_iteration_leave_in_one_send() -> None:
 
 @both_loops
 async def test_split_writes_send_header_then_body() -> None:
-    settings = SocketSettings(pool_size=1, split_writes=True)
-    async with plane(counting_handler, settings) as (_, client):
+    settings = SocketSettings(pool_size=1, split_writes=True, client_nodelay=True)
+    async with plane(counting_handler, settings) as (server, client):
         await collect(await client.open_stream({"n": 1, "base": 0}))
-        (cconn,) = [c for c in client._slots if c is not None]
-        sends = SendCounter(cconn)
+        sends = Sends(server.address, "client").start()
         body = orjson.dumps({"n": 3, "base": 7})
         stream = await client.open_stream({"n": 3, "base": 7})
-        assert sends.sizes == [9, len(body)]  # two syscalls, at once (not deferred)
+        assert sends.since() == Sent(2, 9 + len(body))  # two syscalls, at once (not deferred)
         tokens, _end, _ = await collect(stream)
         assert tokens == [7, 8, 9]
         # A CANCEL queued before a split REQUEST keeps its order (flushed first).
         slow = await client.open_stream({"n": 1000000, "base": 0})
         await slow.cancel()
-        sends.sizes.clear()
+        sends.start()
         stream = await client.open_stream({"n": 2, "base": 0})
-        assert sends.sizes == [9, 9, len(orjson.dumps({"n": 2, "base": 0}))]
+        assert sends.since() == Sent(3, 9 + 9 + len(orjson.dumps({"n": 2, "base": 0})))
         await collect(stream)
 
 
 @both_loops
 async def test_coalesced_requests_are_one_send_by_default() -> None:
-    async with plane(counting_handler, SocketSettings(pool_size=1)) as (_, client):
+    async with plane(counting_handler, NODELAY_ONE) as (server, client):
         await collect(await client.open_stream({"n": 1, "base": 0}))
-        (cconn,) = [c for c in client._slots if c is not None]
-        sends = SendCounter(cconn)
+        sends = Sends(server.address, "client").start()
         stream = await client.open_stream({"n": 1, "base": 0})
-        assert sends.sizes == []  # deferred to the loop-iteration flush
+        assert sends.since() == Sent(0, 0)  # deferred to the loop-iteration flush
         await collect(stream)
-        assert sends.sizes == [9 + len(orjson.dumps({"n": 1, "base": 0}))]
+        assert sends.since() == Sent(1, 9 + len(orjson.dumps({"n": 1, "base": 0})))
 
 
 @pytest.mark.parametrize("client_nodelay", [True, False])
@@ -380,9 +391,10 @@ async def test_nodelay_settings_reach_the_sockets(
         streams = [await client.open_stream({"n": 2, "base": 0}) for _ in range(3)]
         for s in streams:
             await collect(s)
-        assert len(client.sockets()) == 3 and len(server.sockets()) == 3
-        assert [get_nodelay(s) for s in client.sockets()] == [client_nodelay] * 3
-        assert [get_nodelay(s) for s in server.sockets()] == [server_nodelay] * 3
+        with connections(server.address) as (clients, servers):
+            assert len(clients) == 3 and len(servers) == 3
+            assert [nodelay(s) for s in clients] == [client_nodelay] * 3
+            assert [nodelay(s) for s in servers] == [server_nodelay] * 3
 
 
 @both_loops

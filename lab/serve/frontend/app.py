@@ -26,7 +26,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS, FrontendConfig
-from lab.serve.frontend.dispatch import AGGREGATED_ROLES, Dispatcher, Trace
+from lab.serve.frontend.dispatch import Dispatcher
 from lab.serve.frontend.encode import (
     DONE,
     SSE_HEADERS,
@@ -40,22 +40,14 @@ from lab.serve.frontend.errors import ApiError
 from lab.serve.frontend.httplog import RateLimitedLog
 from lab.serve.frontend.metrics import FrontendMetrics
 from lab.serve.frontend.protocol import GenRequest, parse_chat, parse_completion
-from lab.serve.frontend.turn_writer import TurnWriter
-from lab.serve.frontend.workers import WorkerSet
+from lab.serve.frontend.trace import Trace
+from lab.serve.frontend.workers import AGGREGATED_ROLES, WorkerSet
+from lab.serve.frontend.writer import SseWriter, UnaryWriter
 from lab.serve.tokenizer import Tokenizer
 
 log = logging.getLogger("lab.frontend")
 
 _CLIENT_GONE = (ConnectionResetError, ConnectionError)
-#: The synchronous token path writes to the client's transport only while less than this is
-#: buffered in it (aiohttp's own drain limit); above it, tokens take the awaiting path, which
-#: waits for the client to read.
-DIRECT_WRITE_LIMIT = 0x10000
-
-
-def chunked(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk (the response uses chunked transfer encoding)."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
 # Reading a request body that is corrupt (bad gzip, a broken chunked encoding, ...).
 _BAD_BODY = (RequestPayloadError, HttpProcessingError, web.HTTPBadRequest, ValueError)
 # Responses after which the connection cannot be reused (the body was not read).
@@ -387,85 +379,16 @@ class FrontendApp:
         prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
         enc = StreamEncoder(req, prefix + trace.request_id, int(time.time()), req.model)
         lp = Logprobs(req.endpoint == "chat", self.tokenizer) if req.logprobs else None
-        stream_text = self.tokenizer.stream_decoder()
-        decode = stream_text.step
-        metrics = self.metrics
-        perf = time.perf_counter_ns
-        itl: Any = None  # the worker's ITL histogram, once the first token named the worker
-        transport = None  # set once aiohttp has written the headers: then chunks may go direct
-        # the direct chunks of one loop turn leave in one write (each still its own event)
-        batch = TurnWriter(asyncio.get_running_loop())
-
-        async def on_chunk(p: dict[str, Any]) -> None:
-            nonlocal itl, transport
-            ids = p["t"]
-            n = len(ids)
-            if not n:
-                return
-            now = perf()
-            if trace.first_token_ns:
-                itl.observe((now - trace.last_token_ns) / (1e9 * n), n)
-            else:
-                trace.first_token_ns = now
-                worker = trace.decode_worker_id or "none"
-                metrics.ttft_hist(worker).observe((now - trace.received_ns) / 1e9)
-                itl = metrics.itl_hist(worker)
-                await resp.prepare(request)
-            trace.last_token_ns = now
-            trace.tokens += n
-            if lp is None:
-                text = decode(ids)
-                if text:  # held back (an incomplete character): no event, the next one has it
-                    if direct_ok():  # chunks queued behind the first one join this turn's write
-                        batch.write(chunked(enc.chunk(text)))
-                    else:  # the first event (with the headers), or the client is behind
-                        batch.flush()
-                        await resp.write(enc.chunk(text))
-                transport = batch.transport = request.transport
-            else:
-                await resp.write(enc.chunk_with_logprobs(decode(ids), lp.build(p)))
-
-        def direct_ok() -> bool:
-            """aiohttp has sent the headers and the first event, and the client keeps up: the
-            next events may go to the transport (this turn's write) without awaiting."""
-            t = transport
-            return not (t is None or t.is_closing()
-                        or t.get_write_buffer_size() + batch.pending > DIRECT_WRITE_LIMIT)
-
-        def on_chunk_now(p: dict[str, Any]) -> bool:
-            """The same as on_chunk for a plain token chunk, without a task switch: written to
-            the transport in the request plane's read callback. Declines (False) until aiohttp
-            has sent the headers and the first event, and while the client is behind."""
-            if not direct_ok():
-                return False
-            ids = p["t"]
-            n = len(ids)
-            if not n:
-                return True
-            now = perf()
-            itl.observe((now - trace.last_token_ns) / (1e9 * n), n)
-            trace.last_token_ns = now
-            trace.tokens += n
-            text = decode(ids)
-            if text:
-                batch.write(chunked(enc.chunk(text)))
-            return True
-
+        writer = SseWriter(request, resp, enc, self.tokenizer.stream_decoder(), lp, trace,
+                           self.metrics)
         try:
-            await self.dispatcher.run(req, trace, on_chunk, on_chunk_now if lp is None else None)
-            batch.flush()
-            trace.end_ns = perf()
-            if not resp.prepared:
-                await resp.prepare(request)
+            await self.dispatcher.run(req, trace, writer)
+            writer.stop()
             usage = usage_obj(req, trace) if req.include_usage else None
-            # the last events and the chunked-encoding terminator leave in one write
-            tail = stream_text.flush()  # text still held back goes out before the finish
-            end = enc.finish(trace.finish or "stop", trace.stop_reason, nvext_obj(req, trace),
-                             usage)
-            await resp.write_eof(enc.chunk(tail) + end if tail else end)
+            await writer.finish(enc.finish(trace.finish or "stop", trace.stop_reason,
+                                           nvext_obj(req, trace), usage))
         except ApiError as exc:
-            batch.flush()
-            trace.end_ns = perf()
+            writer.stop()
             trace.status = exc.status
             if not resp.prepared:
                 return _error(exc)
@@ -481,8 +404,7 @@ class FrontendApp:
         except Exception as exc:
             if not resp.prepared:
                 raise  # _generate answers 500
-            batch.flush()
-            trace.end_ns = perf()
+            writer.stop()
             trace.outcome = "internal_error"
             _internal_log.error(
                 "internal error in a stream (request %s): %s: %s",
@@ -501,44 +423,24 @@ class FrontendApp:
     async def _unary(
         self, request: web.Request, req: GenRequest, trace: Trace
     ) -> web.StreamResponse:
-        ids_all: list[int] = []
         lp = Logprobs(req.endpoint == "chat", self.tokenizer) if req.logprobs else None
-        lp_parts: list[dict[str, Any]] = []
-        metrics = self.metrics
-        perf = time.perf_counter_ns
-
-        async def on_chunk(p: dict[str, Any]) -> None:
-            ids = p["t"]
-            if not ids:
-                return
-            now = perf()
-            if not trace.first_token_ns:
-                trace.first_token_ns = now
-                metrics.ttft_hist(trace.decode_worker_id or "none").observe(
-                    (now - trace.received_ns) / 1e9
-                )
-            trace.last_token_ns = now
-            trace.tokens += len(ids)
-            ids_all.extend(ids)
-            if lp is not None:
-                lp_parts.append(lp.build(p))
-
+        writer = UnaryWriter(lp, trace, self.metrics)
         try:
-            await self.dispatcher.run(req, trace, on_chunk)
+            await self.dispatcher.run(req, trace, writer)
         except ApiError as exc:
             trace.status = exc.status
             return _error(exc)
-        trace.end_ns = perf()
+        trace.end_ns = time.perf_counter_ns()
         prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
         body = full_response(
             req,
             prefix + trace.request_id,
             int(time.time()),
             req.model,
-            self.tokenizer.decode(ids_all),
+            self.tokenizer.decode(writer.ids),
             trace.finish or "stop",
             trace.stop_reason,
-            Logprobs.merge(lp_parts, req.endpoint == "chat") if lp is not None else None,
+            Logprobs.merge(writer.logprobs, req.endpoint == "chat") if lp is not None else None,
             usage_obj(req, trace),
             nvext_obj(req, trace),
         )

@@ -1,5 +1,11 @@
 """Sending one request through the fleet: aggregated, or prefill -> decode; retries.
 
+`Dispatcher.run` reads in one direction: per attempt, the worker set is asked for the leg's
+sidecar (`WorkerSet.pick`: a prefill sidecar only while decode sidecars are registered too), the
+leg's stream is opened on it and read to its END (`_consume`), and its chunks go to the
+request's writer (`lab/serve/frontend/writer.py`) through `_Request`, which also keeps what a
+migration needs.
+
 Aggregated (no prefill workers registered): one leg to an aggregated or decode worker.
 Disaggregated (prefill and decode workers registered): the prefill leg goes to a prefill worker
 with the original request (its sidecar sets max_tokens=1 / context_only itself); its END carries
@@ -21,92 +27,26 @@ Failures:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from lab.serve.frontend.errors import ApiError, from_end_error
 from lab.serve.frontend.protocol import GenRequest
-from lab.serve.frontend.workers import Worker, WorkerSet, unavailable_errors
+from lab.serve.frontend.trace import Trace
+from lab.serve.frontend.workers import (
+    AGGREGATED,
+    DECODE,
+    PREFILL,
+    SidecarHandle,
+    WorkerSet,
+    unavailable_errors,
+)
+from lab.serve.frontend.writer import ChunkWriter
 from lab.serve.request_plane.api import PlaneStream
 from lab.serve.request_plane.frames import FrameType
 from lab.serve.router import Router
 
 CHUNK = int(FrameType.CHUNK)
 END = int(FrameType.END)
-
-AGGREGATED_ROLES = ("aggregated", "decode")
-PREFILL_ROLES = ("prefill",)
-DECODE_ROLES = ("decode",)
-
-OnChunk = Callable[[dict[str, Any]], Awaitable[None]]
-#: Optional synchronous fast path for a CHUNK: True if it took the chunk without waiting,
-#: False to have it delivered to the OnChunk instead (e.g. while the client's socket is full).
-OnChunkNow = Callable[[dict[str, Any]], bool]
-
-
-@dataclass(slots=True)
-class Trace:
-    """What happened to one request (worker ids, timestamps in perf_counter_ns, outcome)."""
-
-    request_id: str
-    received_ns: int
-    received_wall_ms: float
-    prefill_worker_id: str | None = None
-    decode_worker_id: str | None = None
-    prefill_start_ns: int = 0
-    prefill_end_ns: int = 0
-    dispatch_ns: int = 0
-    first_token_ns: int = 0
-    last_token_ns: int = 0
-    end_ns: int = 0
-    tokens: int = 0
-    finish: str | None = None
-    stop_reason: Any = None
-    usage: dict[str, Any] | None = None
-    migrations: int = 0
-    moved_from: list[str] | None = None  # workers a leg failed on before another took over
-    status: int = 200  # HTTP status sent (200 also for a stream that ended with an error event)
-    outcome: str = "success"
-
-    def record_end(self, end: dict[str, Any]) -> None:
-        """Keep the outcome the request's END reports."""
-        self.finish = end.get("finish")
-        self.stop_reason = end.get("stop_reason")
-        self.usage = end.get("usage")
-
-    def timing(self) -> dict[str, Any]:
-        """nvext.timing (milliseconds; request_received_ms is wall-clock epoch ms)."""
-        recv = self.received_ns
-        first_leg = self.prefill_start_ns or self.dispatch_ns
-        if self.prefill_start_ns:
-            prefill_ms = (
-                _ms(self.prefill_end_ns - self.prefill_start_ns) if self.prefill_end_ns else None
-            )
-        else:
-            prefill_ms = (
-                _ms(self.first_token_ns - self.dispatch_ns) if self.first_token_ns else None
-            )
-        return {
-            "request_received_ms": round(self.received_wall_ms, 3),
-            "prefill_wait_time_ms": _ms(first_leg - recv) if first_leg else None,
-            "prefill_time_ms": prefill_ms,
-            "ttft_ms": _ms(self.first_token_ns - recv) if self.first_token_ns else None,
-            "total_time_ms": _ms((self.end_ns or time.perf_counter_ns()) - recv),
-        }
-
-    def worker_ids(self) -> dict[str, Any]:
-        ids: dict[str, Any] = {
-            "prefill_worker_id": self.prefill_worker_id,
-            "decode_worker_id": self.decode_worker_id,
-        }
-        if self.moved_from:
-            ids["moved_from"] = self.moved_from
-        return ids
-
-
-def _ms(ns: int) -> float:
-    return round(ns / 1e6, 3)
 
 
 class _Retry(Exception):
@@ -119,16 +59,37 @@ class _Retry(Exception):
         self.free = free  # nothing ran: does not count against the migration limit
 
 
-@dataclass(frozen=True)
-class _Leg:
-    """What every leg of one attempt at a request shares: the model override, the trace, where
-    its chunks go, and the workers it must not use."""
+class _Request:
+    """One request on its way through the fleet: what its attempts and legs share, and the one
+    wrapper of its writer (every chunk that reaches the writer marks the leg as having emitted,
+    and with migration on, its ids are kept for the continuation)."""
 
-    model: str | None
-    trace: Trace
-    on_chunk: OnChunk
-    on_chunk_now: OnChunkNow | None
-    exclude: set[str]
+    __slots__ = ("emitted", "exclude", "gen", "generated", "model", "payload", "trace", "writer")
+
+    def __init__(self, gen: GenRequest, trace: Trace, writer: ChunkWriter, model: str | None,
+                 migrates: bool) -> None:
+        self.gen = gen
+        self.trace = trace
+        self.writer = writer
+        self.model = model  # the model a worker must serve (None: any, the served model)
+        self.exclude: set[str] = set()  # workers this request failed on
+        self.payload = gen.plane_payload(trace.request_id)  # this attempt's REQUEST
+        self.generated: list[int] | None = [] if migrates else None
+        self.emitted = False  # the current leg handed a chunk on
+
+    def write_now(self, chunk: dict[str, Any]) -> bool:
+        if not self.writer.write_now(chunk):
+            return False
+        self.emitted = True
+        if self.generated is not None:
+            self.generated.extend(chunk["t"])
+        return True
+
+    async def write(self, chunk: dict[str, Any]) -> None:
+        self.emitted = True
+        if self.generated is not None:
+            self.generated.extend(chunk["t"])
+        await self.writer.write(chunk)
 
 
 class Dispatcher:
@@ -148,45 +109,18 @@ class Dispatcher:
         self.migration_limit = migration_limit
         self._unavailable = unavailable_errors()
 
-    async def run(
-        self,
-        req: GenRequest,
-        trace: Trace,
-        on_chunk: OnChunk,
-        on_chunk_now: OnChunkNow | None = None,
-    ) -> None:
-        """Serve `req`, handing each CHUNK payload (in order, one call each) to `on_chunk_now`
-        when given and it takes it, else to `on_chunk`; ApiError on failure.
+    async def run(self, gen: GenRequest, trace: Trace, writer: ChunkWriter) -> None:
+        """Serve `gen`, handing each CHUNK payload to `writer` (in order, one call each:
+        `write_now` first, `write` when it declines); ApiError on failure.
 
         On return, trace.finish / stop_reason / usage hold the END's values.
         """
-        payload = req.plane_payload(trace.request_id)
-        model = None if req.model == self.served_model else req.model
-        exclude: set[str] = set()
-        generated: list[int] | None = None
-        sink = on_chunk
-        sink_now = on_chunk_now
-        if self.migration_limit > 0:
-            generated = []
-            track = generated
-
-            async def sink(p: dict[str, Any]) -> None:
-                track.extend(p.get("t") or ())
-                await on_chunk(p)
-
-            if on_chunk_now is not None:
-                now = on_chunk_now
-
-                def sink_now(p: dict[str, Any]) -> bool:
-                    if now(p):
-                        track.extend(p.get("t") or ())
-                        return True
-                    return False
-
+        model = None if gen.model == self.served_model else gen.model
+        req = _Request(gen, trace, writer, model, migrates=self.migration_limit > 0)
         last: _Retry | None = None
         while True:
             try:
-                await self._once(payload, _Leg(model, trace, sink, sink_now, exclude))
+                await self._attempt(req)
                 return
             except ApiError as exc:
                 if last is not None and exc.code == "no_worker":
@@ -194,7 +128,7 @@ class Dispatcher:
                 raise
             except _Retry as retry:
                 last = retry
-                exclude.add(retry.worker_id)
+                req.exclude.add(retry.worker_id)
                 if trace.moved_from is None:
                     trace.moved_from = []
                 trace.moved_from.append(retry.worker_id)
@@ -202,39 +136,27 @@ class Dispatcher:
                     if trace.migrations >= self.migration_limit:
                         raise retry.error from None
                     trace.migrations += 1
-                if generated:
-                    continuation = self._continuation(req, trace, generated)
-                    if continuation is None:  # the budget was used up before the failure
+                if req.generated:
+                    payload = gen.continuation_payload(
+                        f"{trace.request_id}-m{trace.migrations}", req.generated
+                    )
+                    if payload is None:  # the budget was used up before the failure
                         trace.finish = "length"
                         return
-                    payload = continuation
+                    req.payload = payload
 
-    def _continuation(self, req: GenRequest, trace: Trace, generated: list[int]) -> dict | None:
-        payload = req.plane_payload(f"{trace.request_id}-m{trace.migrations}")
-        payload["token_ids"] = req.token_ids + generated
-        if req.max_tokens is not None:
-            remaining = req.max_tokens - len(generated)
-            if remaining <= 0:
-                return None
-            payload["max_tokens"] = remaining
-        if req.min_tokens is not None:
-            payload["min_tokens"] = max(0, req.min_tokens - len(generated))
-        return payload
-
-    async def _once(self, payload: dict[str, Any], leg: _Leg) -> None:
-        workers = self.workers
-        # Disaggregated while a prefill worker is left to try (one that just failed this request
-        # is excluded: the retry then goes aggregated, as when none is registered).
-        if workers.has_role("decode") and workers.any_available(PREFILL_ROLES, leg.model,
-                                                                 leg.exclude):
-            end = await self._prefill(payload, leg)
+    async def _attempt(self, req: _Request) -> None:
+        """Disaggregated while a prefill worker is left to try (one that just failed this
+        request is excluded: the retry then goes aggregated, as when none is registered)."""
+        prefill = self.workers.pick(PREFILL, self.router, req.model, req.exclude)
+        if prefill is not None:
+            end = await self._prefill_leg(prefill, req)
             if end is None:
                 return
             usage = end.get("usage") or {}
-            decode_payload = dict(payload)
-            decode_payload["handoff"] = end["handoff"]
-            decode_payload["prefill_cached_tokens"] = usage.get("cached_tokens")
-            await self._leg(DECODE_ROLES, decode_payload, leg)
+            payload = {**req.payload, "handoff": end["handoff"],
+                       "prefill_cached_tokens": usage.get("cached_tokens")}
+            await self._leg(DECODE, req, payload)
             return
         if self.enforce_disagg:
             raise ApiError(
@@ -242,60 +164,69 @@ class Dispatcher:
                 "no prefill worker available and --enforce-disagg is set",
                 code="no_prefill_worker",
             )
-        await self._leg(AGGREGATED_ROLES, payload, leg)
+        await self._leg(AGGREGATED, req, req.payload)
+
+    async def _prefill_leg(self, first: SidecarHandle, req: _Request) -> dict[str, Any] | None:
+        """The prefill leg: its END (with a handoff), or None when it finished the request."""
+        sidecar, stream = await self._open(PREFILL, first, req, req.payload)
+        trace = req.trace
+        trace.prefill_worker_id = sidecar.worker_id
+        trace.prefill_start_ns = time.perf_counter_ns()
+        held: list[dict[str, Any]] = []
+        end = await self._consume(sidecar, stream, req, held)
+        trace.prefill_end_ns = time.perf_counter_ns()
+        if end.get("handoff"):
+            return end
+        for chunk in held:
+            await req.write(chunk)
+        trace.record_end(end)
+        return None
+
+    async def _leg(self, leg: str, req: _Request, payload: dict[str, Any]) -> None:
+        """An aggregated or decode leg: its chunks go to the client as they come."""
+        first = self.workers.pick(leg, self.router, req.model, req.exclude)
+        sidecar, stream = await self._open(leg, first, req, payload)
+        trace = req.trace
+        trace.decode_worker_id = sidecar.worker_id
+        trace.dispatch_ns = time.perf_counter_ns()
+        trace.record_end(await self._consume(sidecar, stream, req, None))
 
     async def _open(
-        self,
-        roles: tuple[str, ...],
-        payload: dict[str, Any],
-        model: str | None,
-        exclude: set[str],
-    ) -> tuple[Worker, PlaneStream]:
+        self, leg: str, sidecar: SidecarHandle | None, req: _Request, payload: dict[str, Any]
+    ) -> tuple[SidecarHandle, PlaneStream]:
+        """Open the leg's stream on `sidecar`; one that cannot be reached is marked down and
+        the worker set is asked for another."""
         tried: set[str] = set()
-        while True:
-            worker = self.workers.pick(
-                roles, self.router, model, exclude | tried if tried else exclude
-            )
-            if worker is None:
-                what = "/".join(roles)
-                detail = f" (could not connect to {', '.join(sorted(tried))})" if tried else ""
-                raise ApiError(
-                    503,
-                    f"no {what} worker available for model {payload['model']!r}{detail}",
-                    code="no_worker",
-                )
-            payload["model"] = worker.record.model
+        while sidecar is not None:
+            payload["model"] = sidecar.record.model
             try:
-                stream = await worker.client.open_stream(payload)
+                return sidecar, await sidecar.client.open_stream(payload)
             except self._unavailable:
-                worker.mark_down()
-                tried.add(worker.worker_id)
-                continue
-            return worker, stream
+                sidecar.mark_down()
+                tried.add(sidecar.worker_id)
+            sidecar = self.workers.pick(leg, self.router, req.model, req.exclude | tried)
+        detail = f" (could not connect to {', '.join(sorted(tried))})" if tried else ""
+        raise ApiError(
+            503,
+            f"no {self.workers.roles_of(leg)} worker available for model "
+            f"{req.gen.model!r}{detail}",
+            code="no_worker",
+        )
 
     async def _consume(
         self,
-        worker: Worker,
+        sidecar: SidecarHandle,
         stream: PlaneStream,
-        on_chunk: OnChunk | None,
+        req: _Request,
         held: list[dict[str, Any]] | None,
-        on_chunk_now: OnChunkNow | None = None,
     ) -> dict[str, Any]:
-        """Read a stream to its END; CHUNKs go to on_chunk_now / on_chunk (or are held).
+        """Read a stream to its END; CHUNKs go to the request's writer (or are held).
         Returns the END."""
-        worker.inflight += 1
+        sidecar.inflight += 1
         ended = False
-        emitted = False
-        if on_chunk_now is not None and held is None:
-
-            def direct(p: dict[str, Any]) -> bool:
-                nonlocal emitted
-                if on_chunk_now(p):
-                    emitted = True
-                    return True
-                return False
-
-            stream.direct = direct
+        req.emitted = False
+        if held is None:
+            stream.direct = req.write_now
         try:
             it = stream.__aiter__()
             while True:
@@ -305,23 +236,22 @@ class Dispatcher:
                     break
                 except self._unavailable as exc:
                     raise _Retry(
-                        worker.worker_id,
-                        ApiError(502, f"worker {worker.worker_id} failed mid-stream: {exc}"),
+                        sidecar.worker_id,
+                        ApiError(502, f"worker {sidecar.worker_id} failed mid-stream: {exc}"),
                         free=False,
                     ) from None
                 if ftype == CHUNK:
                     if held is not None:
                         held.append(p)
                     else:
-                        emitted = True
-                        # one SSE event per CHUNK: never merged (held is None: on_chunk given)
-                        await on_chunk(p)  # type: ignore[misc]
+                        # one SSE event per CHUNK: never merged
+                        await req.write(p)
                 elif ftype == END:
                     ended = True
                     break
         finally:
             stream.direct = None
-            worker.inflight -= 1
+            sidecar.inflight -= 1
             if not ended:
                 try:
                     await stream.cancel()
@@ -329,42 +259,17 @@ class Dispatcher:
                     pass
         if not ended:
             raise _Retry(
-                worker.worker_id,
-                ApiError(502, f"worker {worker.worker_id} closed the stream without an end"),
+                sidecar.worker_id,
+                ApiError(502, f"worker {sidecar.worker_id} closed the stream without an end"),
                 free=False,
             )
         error = p.get("error")
         if error:
-            api = from_end_error(error, worker.worker_id)
+            api = from_end_error(error, sidecar.worker_id)
             kind = error.get("kind")
-            if kind == "unavailable" and not emitted:
-                raise _Retry(worker.worker_id, api, free=True)
+            if kind == "unavailable" and not req.emitted:
+                raise _Retry(sidecar.worker_id, api, free=True)
             if kind in ("retryable", "unavailable"):
-                raise _Retry(worker.worker_id, api, free=False)
+                raise _Retry(sidecar.worker_id, api, free=False)
             raise api
         return p
-
-    async def _leg(self, roles: tuple[str, ...], payload: dict[str, Any], leg: _Leg) -> None:
-        """An aggregated or decode leg: its chunks go to the client as they come."""
-        worker, stream = await self._open(roles, payload, leg.model, leg.exclude)
-        trace = leg.trace
-        trace.decode_worker_id = worker.worker_id
-        trace.dispatch_ns = time.perf_counter_ns()
-        end = await self._consume(worker, stream, leg.on_chunk, None, leg.on_chunk_now)
-        trace.record_end(end)
-
-    async def _prefill(self, payload: dict[str, Any], leg: _Leg) -> dict[str, Any] | None:
-        """The prefill leg: its END (with a handoff), or None when it finished the request."""
-        worker, stream = await self._open(PREFILL_ROLES, payload, leg.model, leg.exclude)
-        trace = leg.trace
-        trace.prefill_worker_id = worker.worker_id
-        trace.prefill_start_ns = time.perf_counter_ns()
-        held: list[dict[str, Any]] = []
-        end = await self._consume(worker, stream, None, held)
-        trace.prefill_end_ns = time.perf_counter_ns()
-        if end.get("handoff"):
-            return end
-        for p in held:
-            await leg.on_chunk(p)
-        trace.record_end(end)
-        return None

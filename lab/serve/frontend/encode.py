@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from lab.serve.frontend.dispatch import Trace
 from lab.serve.frontend.protocol import GenRequest
+from lab.serve.frontend.trace import Trace
 from lab.serve.tokenizer import Tokenizer
 
 DONE = b"data: [DONE]\n\n"

@@ -70,6 +70,20 @@ class GenRequest:
             "prefill_cached_tokens": None,
         }
 
+    def continuation_payload(self, request_id: str, generated: list[int]) -> dict[str, Any] | None:
+        """The REQUEST of a migration: the prompt plus the tokens already sent, the budget
+        left; None when the budget was used up."""
+        payload = self.plane_payload(request_id)
+        payload["token_ids"] = self.token_ids + generated
+        if self.max_tokens is not None:
+            remaining = self.max_tokens - len(generated)
+            if remaining <= 0:
+                return None
+            payload["max_tokens"] = remaining
+        if self.min_tokens is not None:
+            payload["min_tokens"] = max(0, self.min_tokens - len(generated))
+        return payload
+
 
 # --- field helpers -----------------------------------------------------------------------------
 

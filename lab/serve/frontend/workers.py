@@ -1,4 +1,5 @@
-"""The frontend's view of the fleet: discovery records -> one request-plane client per worker.
+"""The frontend's view of the fleet: discovery records -> one `SidecarHandle` (a request-plane
+client and the frontend's state) per worker's sidecar.
 
 The watch loop applies each live set the registry yields: new workers get a RequestPlaneClient,
 changed records update the published load, workers that left discovery stop receiving new
@@ -28,6 +29,19 @@ log = logging.getLogger("lab.frontend.workers")
 RETIRE_MAX_S = 600.0
 
 
+#: The legs of a request, by the roles that may serve them (`WorkerSet.pick`).
+PREFILL = "prefill"
+DECODE = "decode"
+AGGREGATED = "aggregated"
+LEG_ROLES: dict[str, tuple[str, ...]] = {
+    PREFILL: ("prefill",),
+    DECODE: ("decode",),
+    AGGREGATED: ("aggregated", "decode"),
+}
+#: The roles that serve a request on their own (no prefill leg).
+AGGREGATED_ROLES = LEG_ROLES[AGGREGATED]
+
+
 def default_client_factory(address: str, settings: SocketSettings) -> PlaneClient:
     from lab.serve.request_plane import RequestPlaneClient
 
@@ -41,8 +55,9 @@ def unavailable_errors() -> tuple[type[BaseException], ...]:
     return (OSError, EOFError, WorkerUnavailable)
 
 
-class Worker:
-    """One registered worker and the frontend's state for it."""
+class SidecarHandle:
+    """The frontend's handle on one registered worker's sidecar: its discovery record, its
+    request-plane client, and the frontend's own state for it (requests in flight, backoff)."""
 
     __slots__ = ("client", "down_until", "inflight", "record", "retired_at", "role", "worker_id")
 
@@ -73,9 +88,9 @@ class WorkerSet:
         self.registry = registry
         self.settings = settings
         self._factory = client_factory or default_client_factory
-        self._workers: dict[str, Worker] = {}
-        self._by_role: dict[str, list[Worker]] = {role: [] for role in ROLES}
-        self._retired: list[Worker] = []
+        self._workers: dict[str, SidecarHandle] = {}
+        self._by_role: dict[str, list[SidecarHandle]] = {role: [] for role in ROLES}
+        self._retired: list[SidecarHandle] = []
         self.synced = asyncio.Event()  # set after the first live set was applied
 
     # --- discovery -----------------------------------------------------------------------------
@@ -97,7 +112,7 @@ class WorkerSet:
                 if record.role not in self._by_role:
                     log.warning("ignoring worker %s with unknown role %r", worker_id, record.role)
                     continue
-                worker = Worker(record, self._factory(record.address, self.settings))
+                worker = SidecarHandle(record, self._factory(record.address, self.settings))
                 self._workers[worker_id] = worker
                 log.info(
                     "worker joined: %s role=%s address=%s", worker_id, record.role, record.address
@@ -108,7 +123,7 @@ class WorkerSet:
         self.synced.set()
         await self.close_idle()
 
-    def _retire(self, worker: Worker) -> None:
+    def _retire(self, worker: SidecarHandle) -> None:
         del self._workers[worker.worker_id]
         worker.retired_at = time.monotonic()
         self._retired.append(worker)
@@ -150,10 +165,7 @@ class WorkerSet:
     def counts(self) -> dict[str, int]:
         return {role: len(ws) for role, ws in self._by_role.items()}
 
-    def has_role(self, role: str) -> bool:
-        return bool(self._by_role[role])
-
-    def all(self) -> list[Worker]:
+    def all(self) -> list[SidecarHandle]:
         return list(self._workers.values())
 
     def context_length(self) -> int | None:
@@ -164,26 +176,27 @@ class WorkerSet:
     def models(self) -> list[str]:
         return sorted({w.record.model for w in self._workers.values()})
 
-    def any_available(self, roles: tuple[str, ...], model: str | None, exclude: set[str]) -> bool:
-        """Whether `pick` would find a worker (without moving the router)."""
-        return any(
-            w.worker_id not in exclude and (model is None or w.record.model == model)
-            for role in roles
-            for w in self._by_role[role]
-        )
+    def roles_of(self, leg: str) -> str:
+        """The roles that may serve `leg`, as an error message names them."""
+        return "/".join(LEG_ROLES[leg])
 
     def pick(
         self,
-        roles: tuple[str, ...],
+        leg: str,
         router: Router,
         model: str | None,
         exclude: set[str],
-    ) -> Worker | None:
-        """Choose a worker of one of `roles` serving `model` (None = any), not in `exclude`.
+    ) -> SidecarHandle | None:
+        """Choose a sidecar for `leg` (PREFILL, DECODE or AGGREGATED) serving `model`
+        (None = any), not in `exclude`. A prefill sidecar only while decode sidecars are
+        registered too (without them the request goes aggregated).
 
-        Workers whose connection failed recently are used only when no other is left.
+        Sidecars whose connection failed recently are used only when no other is left.
         """
         by_role = self._by_role
+        if leg == PREFILL and not by_role["decode"]:
+            return None
+        roles = LEG_ROLES[leg]
         if len(roles) == 1:
             pool = by_role[roles[0]]
         else:
@@ -199,7 +212,7 @@ class WorkerSet:
         return router.choose(healthy or pool)
 
 
-async def _close(worker: Worker) -> None:
+async def _close(worker: SidecarHandle) -> None:
     try:
         await worker.client.close()
     except Exception as exc:  # a failing close must not take the frontend down

@@ -236,13 +236,6 @@ class RequestPlaneClient:
         conn = await self._connection()
         return conn.open_stream(orjson.dumps(request))
 
-    def sockets(self) -> list[socket.socket]:
-        """The open connections' sockets (for diagnostics and tests)."""
-        return [c.sock for c in self._slots if c is not None and not c.closed]
-
-    def in_flight(self) -> int:
-        return sum(len(c.streams) for c in self._slots if c is not None and not c.closed)
-
     async def close(self) -> None:
         self._closed = True
         for i, conn in enumerate(self._slots):

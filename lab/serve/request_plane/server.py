@@ -207,13 +207,6 @@ class RequestPlaneServer:
         if not sink.ended:
             sink.end(error_end("protocol", "worker handler ended without END", 500))
 
-    def sockets(self) -> list[socket.socket]:
-        """The accepted connections' sockets (for diagnostics and tests)."""
-        return [c.sock for c in self._connections if not c.closed]
-
-    def in_flight(self) -> int:
-        return sum(len(c.streams) for c in self._connections)
-
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
         if self._listener is not None:

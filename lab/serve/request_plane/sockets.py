@@ -25,10 +25,6 @@ def set_nodelay(sock: socket.socket, on: bool) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1 if on else 0)
 
 
-def get_nodelay(sock: socket.socket) -> bool:
-    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
-
-
 class FramedConnection:
     """Base class: subclasses implement `frame_received` and `connection_lost`."""
 
@@ -42,8 +38,6 @@ class FramedConnection:
         self._flush_scheduled = False
         self._backlog = bytearray()
         self.closed = False
-        # An attribute, so that a test can count the send() calls.
-        self._send = sock.send
         self._loop.add_reader(self._fd, self._on_readable)
 
     # -- subclass hooks -------------------------------------------------------------------------
@@ -92,7 +86,7 @@ class FramedConnection:
             self._backlog += data
             return
         try:
-            n = self._send(data)
+            n = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
             n = 0
         except OSError as exc:
@@ -106,7 +100,7 @@ class FramedConnection:
         if self._queue:
             self._backlog += self._take_queue()
         try:
-            n = self._send(self._backlog)
+            n = self.sock.send(self._backlog)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
