@@ -22,9 +22,10 @@ from lab.analysis.client_health import client_health
 from lab.analysis.metrics import level_key, summarize_run
 from lab.analysis.request_times import requests_frame
 from lab.load.arrivals import ArrivalProcess, schedule_seed
-from lab.load.client import ClientOptions, LevelResult, Progress, run_level
+from lab.load.client import ClientOptions, LevelProgress, LevelResult, run_level
 from lab.load.open_loop import run_rate_level
 from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
+from lab.load.record import RequestRecord, rows
 from lab.load.workload import RequestSet, WorkloadSpec
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
@@ -129,13 +130,13 @@ class LineProgress:
     def start(self, label: str) -> None:
         self.label = label
 
-    def _line(self, p: Progress) -> str:
+    def _line(self, p: LevelProgress) -> str:
         total = f"/{p.total}" if p.total is not None else ""
         rate = p.done / p.elapsed_s if p.elapsed_s > 0 else 0.0
         return (f"{self.label}: {p.done}{total} requests, {rate:,.1f} req/s, "
                 f"{p.errors} errors, {p.elapsed_s:.1f} s")
 
-    def update(self, p: Progress) -> None:
+    def update(self, p: LevelProgress) -> None:
         if self.quiet or not self.tty:
             return
         self.stream.write("\r" + self._line(p).ljust(78))
@@ -164,7 +165,7 @@ class SweepRunner:
         self.on_level = on_level
         self.writer = rundir.RequestsWriter(self.run_dir)
         self.clients: dict[str, dict] = {}
-        self.records: list[dict] = []
+        self.records: list[RequestRecord] = []
         self.run_id = self.run_dir.name
         self.started_ns: int | None = None
         self.last_row: pd.Series | None = None  # the levels.csv row of the last level run
@@ -218,14 +219,15 @@ class SweepRunner:
     def _save(self, concurrency: int, repeat: int, result: LevelResult,
               rate: float | None = None) -> pd.Series:
         for r in result.records:
-            r["run_id"] = self.run_id
-            r["repeat"] = repeat
+            r.run_id = self.run_id
+            r.repeat = repeat
         self.records.extend(result.records)
-        self.writer.append(result.records)
+        level_rows = rows(result.records)
+        self.writer.append(level_rows)
         self.clients[level_key(concurrency, repeat, rate)] = client_health(
-            result.procs, requests_frame(result.records))
+            result.procs, requests_frame(level_rows))
         rundir.write_json(self.run_dir / rundir.CLIENT_JSON, self.clients)
-        requests = requests_frame(self.records)
+        requests = requests_frame(rows(self.records))
         procs = pd.DataFrame(self.procs_samples()) if self.procs_samples else None
         levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
                                clients=self.clients)
@@ -242,7 +244,7 @@ class SweepRunner:
     async def run_auto(self) -> None:
         """--rate auto: the closed-loop level, then rates chosen by `rate_search.next_rate`."""
         closed = await self.run_one(AUTO_CONCURRENCY, 0)
-        ok = [r for r in closed.records if r.get("ok") and not r.get("warmup")]
+        ok = [r for r in closed.records if r.ok and not r.warmup]
         if not ok:
             raise LevelFailed(f"c={AUTO_CONCURRENCY}", closed.records)
         assert self.last_row is not None  # run_one saved the closed-loop level
@@ -259,12 +261,12 @@ class SweepRunner:
             return
         for rate, repeat in self.plan.rate_levels():
             result = await self.run_rate(rate, repeat)
-            failed = [r for r in result.records if not r.get("ok")]
+            failed = [r for r in result.records if not r.ok]
             if result.records and len(failed) == len(result.records):
                 raise LevelFailed(rate_label(rate), failed)
         for concurrency, repeat in self.plan.levels():
             result = await self.run_one(concurrency, repeat)
-            failed = [r for r in result.records if not r.get("ok")]
+            failed = [r for r in result.records if not r.ok]
             if result.records and len(failed) == len(result.records):
                 raise LevelFailed(f"c={concurrency}", failed)
 
@@ -273,9 +275,9 @@ class LevelFailed(RuntimeError):
     """Every request of a level failed: the sweep stops (the next levels would fail the same
     way); the level is kept, with its errors, in the run directory."""
 
-    def __init__(self, level: str, failed: list[dict]) -> None:
+    def __init__(self, level: str, failed: list[RequestRecord]) -> None:
         self.level = level
-        super().__init__(f"{level}: {failed_sentence(failed)}; the sweep stopped "
+        super().__init__(f"{level}: {failed_sentence(rows(failed))}; the sweep stopped "
                          "there (the next levels would fail the same way)")
 
 
