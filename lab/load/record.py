@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 
@@ -81,13 +82,14 @@ class RequestRecord:
 
     def row(self) -> dict[str, Any]:
         """The stored fields as a dict: a row of requests.parquet, as the analysis reads one."""
-        return {name: getattr(self, name) for name in STORED_FIELDS}
+        return dict(zip(STORED_FIELDS, _stored(self), strict=True))
 
 
 #: The record's field names, in order.
 RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 #: The fields requests.parquet stores (lab.analysis.rundir.REQUEST_SCHEMA): all but the text.
 STORED_FIELDS = tuple(name for name in RECORD_FIELDS if name != "text")
+_stored = attrgetter(*STORED_FIELDS)
 
 
 def rows(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
