@@ -28,6 +28,7 @@ from lab.commands.sweep_settings import (
 from lab.commands.target import target_or_exit, workload_from_options
 from lab.load.arrival_settings import ArrivalSettings
 from lab.load.client_settings import ClientSettings
+from lab.load.trace_settings import TraceSettings
 from lab.shared.config_cli import options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY
@@ -98,8 +99,9 @@ def _given(param: str) -> bool:
 @options(ClientSettings, param="client")
 @options(ArrivalSettings, param="arrival")
 @options(ShardSettings, param="shard")
+@options(TraceSettings, param="trace")
 def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSettings,
-          shard: ShardSettings, **topology: Any) -> None:
+          shard: ShardSettings, trace: TraceSettings, **topology: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
@@ -111,6 +113,10 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
     if arrival.rate and _given("conc"):
         raise click.UsageError("--conc and --rate are alternatives: a level is a concurrency "
                                "(closed loop) or a request rate (open loop)")
+    if trace.trace is not None:
+        from lab.commands.trace import check_trace_conflicts
+
+        check_trace_conflicts(arrival, conc_given=_given("conc"))
     target = settings.target
     shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
                             requests=settings.requests, seed=settings.seed)
@@ -128,6 +134,10 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         repeat=settings.repeat, client=client.to_options(),
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency)
+    if trace.trace is not None:
+        from lab.commands.trace import trace_plan
+
+        plan.trace = trace_plan(trace, workload, settings.requests)
     name = topology.get("name") or ("target" if target else "lab")
     if target:
         info = target_or_exit(target, topology.get("model"), workload, client.timeout,

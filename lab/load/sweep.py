@@ -26,6 +26,7 @@ from lab.load.client import ClientOptions, LevelProgress, LevelResult, run_level
 from lab.load.open_loop import run_rate_level
 from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.record import RequestRecord, rows
+from lab.load.trace import TraceRequest, TraceRequestSet, offered_rate, offsets_ns
 from lab.load.workload import RequestSet, WorkloadSpec
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
@@ -55,6 +56,25 @@ def rate_label(rate: float) -> str:
 
 
 @dataclass
+class TracePlan:
+    """--trace: the trace's requests and how to replay them (lab.load.trace)."""
+
+    path: str
+    requests: list[TraceRequest]
+    speed: float = 1.0
+    block_size: int = 512
+    id_max: int | None = None  # the --tokenizer's highest token id (prompts stay in its vocab)
+
+    @property
+    def rate(self) -> float:
+        return offered_rate(self.requests, self.speed)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "requests": len(self.requests), "speed": self.speed,
+                "block_size": self.block_size, "offered_req_s": self.rate}
+
+
+@dataclass
 class SweepPlan:
     concurrency: list[int]
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
@@ -68,6 +88,7 @@ class SweepPlan:
     arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
     max_concurrency: int | None = None
     rate_auto: bool = False  # --rate auto: search the saturation rate (lab.load.rate_search)
+    trace: TracePlan | None = None  # --trace: replay a trace instead of levels
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -82,6 +103,10 @@ class SweepPlan:
         return [(rate, r) for rate in self.rates or [] for r in range(self.repeat)]
 
     def to_dict(self) -> dict:
+        if self.trace is not None:
+            return {**self._rate_dict(), "rates": [self.trace.rate],
+                    "requests_per_level": {f"{self.trace.rate:g}": len(self.trace.requests)},
+                    "arrival": "trace", "trace": self.trace.to_dict()}
         if self.rates or self.rate_auto:
             return self._rate_dict()
         return {
@@ -216,6 +241,30 @@ class SweepRunner:
         self.last_row = self._save(0, repeat, result, rate)
         return result
 
+    async def run_trace(self, repeat: int) -> LevelResult:
+        """--trace: the trace's requests at its times (x speed), through the open-loop
+        scheduler; the level's rate is the trace's mean rate."""
+        plan = self.plan
+        assert plan.trace is not None
+        trace = plan.trace
+        spec = plan.workload
+        kw = {} if trace.id_max is None else {"id_max": trace.id_max}
+        bodies = TraceRequestSet(trace.requests, self.model, block_size=trace.block_size,
+                                 seed=spec.seed, endpoint=spec.endpoint, stream=spec.stream,
+                                 include_usage=spec.include_usage, **kw)
+        rate = trace.rate
+        options = replace(plan.client, duration_s=None, request_id_prefix=f"trace-r{repeat}-")
+        self.progress.start(f"trace {trace.path}" + (f" (repeat {repeat + 1}/{plan.repeat})"
+                                                     if plan.repeat > 1 else ""))
+        if self.started_ns is None:
+            self.started_ns = time.perf_counter_ns()
+        result = await run_rate_level(self.url, bodies, offsets_ns(trace.requests, trace.speed),
+                                      rate=rate, max_concurrency=plan.max_concurrency,
+                                      seed=[spec.seed, repeat], options=options,
+                                      progress=self.progress.update)
+        self.last_row = self._save(0, repeat, result, rate)
+        return result
+
     def _save(self, concurrency: int, repeat: int, result: LevelResult,
               rate: float | None = None) -> pd.Series:
         for r in result.records:
@@ -258,6 +307,13 @@ class SweepRunner:
     async def run(self) -> None:
         if self.plan.rate_auto:
             await self.run_auto()
+            return
+        if self.plan.trace is not None:
+            for repeat in range(self.plan.repeat):
+                result = await self.run_trace(repeat)
+                failed = [r for r in result.records if not r.ok]
+                if result.records and len(failed) == len(result.records):
+                    raise LevelFailed("trace", failed)
             return
         for rate, repeat in self.plan.rate_levels():
             result = await self.run_rate(rate, repeat)
