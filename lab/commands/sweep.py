@@ -28,6 +28,7 @@ from lab.commands.sweep_settings import (
 from lab.commands.target import target_or_exit, workload_from_options
 from lab.load.arrival_settings import ArrivalSettings
 from lab.load.client_settings import ClientSettings
+from lab.load.conversation_settings import ConversationSettings
 from lab.load.trace_settings import TraceSettings
 from lab.shared.config_cli import options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
@@ -100,8 +101,10 @@ def _given(param: str) -> bool:
 @options(ArrivalSettings, param="arrival")
 @options(ShardSettings, param="shard")
 @options(TraceSettings, param="trace")
+@options(ConversationSettings, param="conversation")
 def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSettings,
-          shard: ShardSettings, trace: TraceSettings, **topology: Any) -> None:
+          shard: ShardSettings, trace: TraceSettings, conversation: ConversationSettings,
+          **topology: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
@@ -117,6 +120,11 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         from lab.commands.trace import check_trace_conflicts
 
         check_trace_conflicts(arrival, conc_given=_given("conc"))
+    if conversation.turns > 1 or _given("think_ms"):
+        from lab.commands.trace import check_conversation_conflicts
+
+        check_conversation_conflicts(conversation, settings, arrival, client,
+                                     trace=trace.trace is not None)
     target = settings.target
     shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
                             requests=settings.requests, seed=settings.seed)
@@ -138,6 +146,7 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         from lab.commands.trace import trace_plan
 
         plan.trace = trace_plan(trace, workload, settings.requests)
+    plan.conversations = conversation.shape()
     name = topology.get("name") or ("target" if target else "lab")
     if target:
         info = target_or_exit(target, topology.get("model"), workload, client.timeout,

@@ -11,7 +11,10 @@ from lab.load.trace_settings import TraceSettings, TraceSynthSettings
 from lab.shared.config_cli import options
 
 if TYPE_CHECKING:
+    from lab.commands.sweep_settings import SweepSettings
     from lab.load.arrival_settings import ArrivalSettings
+    from lab.load.client_settings import ClientSettings
+    from lab.load.conversation_settings import ConversationSettings
     from lab.load.sweep import TracePlan
     from lab.load.workload import WorkloadSpec
 
@@ -24,6 +27,27 @@ def check_trace_conflicts(arrival: ArrivalSettings, *, conc_given: bool) -> None
     if conc_given:
         raise click.UsageError("--trace and --conc are alternatives: a trace replay is open "
                                "loop (use --max-concurrency to cap the requests in flight)")
+
+
+def check_conversation_conflicts(conversation: ConversationSettings, settings: SweepSettings,
+                                 arrival: ArrivalSettings, client: ClientSettings, *,
+                                 trace: bool) -> None:
+    """--turns runs conversations on the chat endpoint, in one client process, counted."""
+    if conversation.turns == 1:
+        raise click.UsageError("--think-ms is the pause between a conversation's turns: it "
+                               "needs --turns 2 or more")
+    if settings.endpoint != "chat":
+        raise click.UsageError("--turns needs --endpoint chat (a turn sends the history as "
+                               "chat messages)")
+    if trace:
+        raise click.UsageError("--turns and --trace are alternatives: a trace sets each "
+                               "request itself")
+    for given, flag in ((arrival.max_concurrency, "--max-concurrency"),
+                        (client.client_procs > 1, "--client-procs"),
+                        (settings.duration, "--duration")):
+        if given:
+            raise click.UsageError(f"--turns with {flag} is not supported: conversations run "
+                                   "in one client process, a counted number per level")
 
 
 def trace_plan(settings: TraceSettings, workload: WorkloadSpec, limit: int | None

@@ -23,6 +23,7 @@ from lab.analysis.metrics import level_key, summarize_run
 from lab.analysis.request_times import requests_frame
 from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.client import ClientOptions, LevelProgress, LevelResult, run_level
+from lab.load.conversation import Conversations, run_conversation_level
 from lab.load.open_loop import run_rate_level
 from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.record import RequestRecord, rows
@@ -89,6 +90,8 @@ class SweepPlan:
     max_concurrency: int | None = None
     rate_auto: bool = False  # --rate auto: search the saturation rate (lab.load.rate_search)
     trace: TracePlan | None = None  # --trace: replay a trace instead of levels
+    # --turns/--think-ms: a level's requests are conversations' turns (lab.load.conversation)
+    conversations: Conversations = field(default_factory=Conversations)
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -103,6 +106,12 @@ class SweepPlan:
         return [(rate, r) for rate in self.rates or [] for r in range(self.repeat)]
 
     def to_dict(self) -> dict:
+        shape = self._shape_dict()
+        if self.conversations.turns > 1:
+            shape["conversations"] = self.conversations.to_dict()
+        return shape
+
+    def _shape_dict(self) -> dict:
         if self.trace is not None:
             return {**self._rate_dict(), "rates": [self.trace.rate],
                     "requests_per_level": {f"{self.trace.rate:g}": len(self.trace.requests)},
@@ -211,6 +220,14 @@ class SweepRunner:
         self.progress.start(label)
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
+        if plan.conversations.turns > 1:
+            n_conv = plan.requests_for(concurrency) + warmup
+            result = await run_conversation_level(
+                self.url, plan.workload, self.model, seed, plan.conversations, n_conv,
+                concurrency=concurrency, warmup=warmup, options=options,
+                progress=self.progress.update)
+            self.last_row = self._save(concurrency, repeat, result)
+            return result
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
                                  progress=self.progress.update)
         self.last_row = self._save(concurrency, repeat, result)
@@ -235,6 +252,13 @@ class SweepRunner:
         self.progress.start(label)
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
+        if plan.conversations.turns > 1:
+            result = await run_conversation_level(
+                self.url, plan.workload, self.model, level_seed(round(rate * 1000), repeat),
+                plan.conversations, n, offsets_ns=offsets, rate=rate, warmup=warmup,
+                options=options, progress=self.progress.update)
+            self.last_row = self._save(0, repeat, result, rate)
+            return result
         result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
                                       max_concurrency=plan.max_concurrency, seed=seed,
                                       options=options, progress=self.progress.update)
