@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "clean": ("launch.cli:clean", "Remove leftovers (processes, namespaces) of crashed runs."),
     "sweep": ("lab.commands.sweep:sweep", "Sweep concurrency on a launched stack or a --target."),
     "report": ("lab.commands.report:report", "Rebuild levels, plots and report.md of a run."),
+    "trace": ("lab.commands.trace:trace", "Write a synthetic trace for `lab sweep --trace`."),
     "merge": ("lab.commands.merge:merge", "Join the shards of `lab sweep --shard` into one run."),
     "compare": ("lab.commands.compare:compare", "Compare runs aligned by concurrency."),
     "calibrate": ("lab.commands.calibrate:calibrate",

@@ -5,13 +5,13 @@ its row of requests.parquet) carries `perf_counter_ns` stamps and counts only: `
 `sent_ns`, `first_ns` / `end_ns` (its first and last content chunk), `done_ns`, every content
 chunk's arrival (`chunk_times_ns`) and `output_tokens`. `with_request_times` turns such a frame,
 read from requests.parquet or built from the client's in-memory records (`requests_frame`), into
-the frame every consumer reads, with the millisecond columns of REQUEST_MS_COLUMNS. A frame that
-already has them (requests.parquet of older runs stored them) gets them re-derived.
+the frame every consumer reads, with the millisecond columns of REQUEST_MS_COLUMNS.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,7 +39,7 @@ def _second_chunk_ns(df: pd.DataFrame) -> pd.Series:
 
 
 def with_request_times(requests: pd.DataFrame) -> pd.DataFrame:
-    """`requests` with the derived per-request figures (ms), replacing any stored ones.
+    """`requests` with the derived per-request figures (ms).
 
     send delay = sent - scheduled; TTFT = first content chunk - sent; latency = last content
     chunk - sent; TTST = second - first content chunk; ITL = (latency - TTFT) / (output tokens
@@ -68,8 +68,9 @@ def with_request_times(requests: pd.DataFrame) -> pd.DataFrame:
     return requests.assign(**derived)
 
 
-def requests_frame(records: Iterable[dict]) -> pd.DataFrame:
-    """The client's records (dicts of stamps and counts) as a frame with the derived figures."""
+def requests_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Request rows (stamps and counts: `lab.load.record.RequestRecord.row()`, or a probe's own
+    dicts) as a frame with the derived figures."""
     return with_request_times(pd.DataFrame.from_records(list(records)))
 
 

@@ -74,12 +74,15 @@ REQUEST_SCHEMA = pa.schema([
     # open-loop levels (docs/open-loop.md): the offered rate and the intended send time
     ("rate", pa.float64()),
     ("intended_ns", pa.int64()),
+    # conversations (--turns): which conversation a request is a turn of, and which turn
+    ("conversation", pa.int64()),
+    ("turn", pa.int64()),
 ])
 REQUEST_COLUMNS = REQUEST_SCHEMA.names
 
 
 def records_table(records: list[dict]) -> pa.Table:
-    """Records (dicts from the client + run columns) as a table with REQUEST_SCHEMA."""
+    """Request rows (`lab.load.record.RequestRecord.row()`) as a table with REQUEST_SCHEMA."""
     cols = {name: [r.get(name) for r in records] for name in REQUEST_COLUMNS}
     for name in ("response_id", "request_id", "prefill_worker_id", "decode_worker_id",
                  "moved_from", "finish_reason", "error_kind", "error_message", "run_id"):
@@ -107,8 +110,7 @@ class RequestsWriter:
 
 
 def read_requests(run_dir: Path) -> pd.DataFrame:
-    """requests.parquet with the derived per-request figures (`with_request_times`); the
-    millisecond columns an older run directory stored are re-derived, not read."""
+    """requests.parquet with the derived per-request figures (`with_request_times`)."""
     return with_request_times(pd.read_parquet(Path(run_dir) / REQUESTS))
 
 

@@ -106,8 +106,7 @@ def write_outputs(
     loadavg: list[float] | None = None,
 ) -> tuple[dict[str, ArmResult], Verdict, str]:
     """requests.parquet (the records' stamps and counts), nagle.json, plots/*.png, report.md;
-    returns the printed table. The TTFTs are derived from the stamps (`requests_frame`), also
-    for an older run whose records carry stored ones."""
+    returns the printed table. The TTFTs are derived from the stamps (`requests_frame`)."""
     from lab.analysis.request_times import requests_frame, stored_columns
     from lab.report.nagle_plots import ttft_cdf, ttft_histograms
 

@@ -42,21 +42,18 @@ async def _run_arm_levels(url: str, model: str, arm: Arm, opts: ProbeOptions,
         )
         t0 = time.monotonic()
         res = await run_level(url, bodies, conc, warmup=opts.warmup, options=copts)
-        for r in res.records:
-            r["arm"] = arm.name
-            r["level"] = conc
-        errors = sum(1 for r in res.records if not r.get("ok"))
+        errors = sum(1 for r in res.records if not r.ok)
         progress(
             f"  {arm.name} c={conc}: {len(res.records)} requests, {errors} failed, "
             f"{time.monotonic() - t0:.1f} s"
         )
-        if errors and all(not r.get("ok") for r in res.records):
+        if errors and all(not r.ok for r in res.records):
             first = res.records[0]
             raise click.ClickException(
                 f"arm {arm.name}: every request failed at concurrency {conc}: "
-                f"{first.get('error_kind')}: {first.get('error_message')}"
+                f"{first.error_kind}: {first.error_message}"
             )
-        records.extend(res.records)
+        records.extend({**r.row(), "arm": arm.name, "level": conc} for r in res.records)
     return records
 
 

@@ -28,7 +28,9 @@ from lab.commands.sweep_settings import (
 from lab.commands.target import target_or_exit, workload_from_options
 from lab.load.arrival_settings import ArrivalSettings
 from lab.load.client_settings import ClientSettings
+from lab.load.conversation_settings import ConversationSettings
 from lab.load.ray_settings import RaySettings
+from lab.load.trace_settings import TraceSettings
 from lab.shared.config_cli import options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY
@@ -104,8 +106,11 @@ def _given(param: str) -> bool:
 @options(ArrivalSettings, param="arrival")
 @options(ShardSettings, param="shard")
 @options(RaySettings, param="ray")
+@options(TraceSettings, param="trace")
+@options(ConversationSettings, param="conversation")
 def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSettings,
-          shard: ShardSettings, ray: RaySettings, **topology: Any) -> None:
+          shard: ShardSettings, ray: RaySettings, trace: TraceSettings,
+          conversation: ConversationSettings, **topology: Any) -> None:
     """Sweep concurrency levels against the lab's stack (launched here) or a --target.
 
     Writes results/<run>/: config.json, requests.parquet, levels.csv/json, client.json,
@@ -118,6 +123,15 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         raise click.UsageError("--conc and --rate are alternatives: a level is a concurrency "
                                "(closed loop) or a request rate (open loop)")
     _check_ray(ray, client, shard)
+    if trace.trace is not None:
+        from lab.commands.trace import check_trace_conflicts
+
+        check_trace_conflicts(arrival, conc_given=_given("conc"))
+    if conversation.turns > 1 or _given("think_ms"):
+        from lab.commands.trace import check_conversation_conflicts
+
+        check_conversation_conflicts(conversation, settings, arrival, client,
+                                     trace=trace.trace is not None)
     target = settings.target
     shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
                             requests=settings.requests, seed=settings.seed)
@@ -135,6 +149,11 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         repeat=settings.repeat, client=client.to_options(),
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency)
+    if trace.trace is not None:
+        from lab.commands.trace import trace_plan
+
+        plan.trace = trace_plan(trace, workload, settings.requests)
+    plan.conversations = conversation.shape()
     name = topology.get("name") or ("target" if target else "lab")
     with _remote_clients(ray, settings.quiet) as remote:
         cap = arrival.max_concurrency

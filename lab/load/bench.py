@@ -99,9 +99,9 @@ async def _bench(url: str, model: str, levels: list[int], requests: int, osl: in
             s0 = server.cpu_s() if server else None
             res = await run_level(url, bodies, c, warmup=c,
                                   options=ClientOptions(isolate=True, procs=procs))
-            errors = sum(1 for r in res.records if not r["ok"])
-            ok = [r for r in res.records if r["ok"]]
-            cl = client_health(res.procs, requests_frame(res.records))
+            errors = sum(1 for r in res.records if not r.ok)
+            ok = [r for r in res.records if r.ok]
+            cl = client_health(res.procs, requests_frame([r.row() for r in res.records]))
             runs.append({
                 "cpu_ms": cl["cpu_ms_per_request"],
                 "send_p99": cl["send_delay_p99_ms"],
@@ -109,7 +109,7 @@ async def _bench(url: str, model: str, levels: list[int], requests: int, osl: in
                 "req_s": len(res.records) / cl["wall_s"],
                 "cpu_pct": cl["cpu_pct"],
                 "errors": errors,
-                "chunks": statistics.mean(r["chunks"] for r in ok) if ok else 0.0,
+                "chunks": statistics.mean(r.chunks for r in ok) if ok else 0.0,
                 "server_ms": (1000 * (server.cpu_s() - s0) / len(res.records)
                               if server and s0 is not None else None),
             })

@@ -24,6 +24,7 @@ from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.bench import FakeServer
 from lab.load.client import ClientOptions
 from lab.load.open_loop import run_rate_level
+from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
 
 #: Seconds of arrivals per level at least (more when --requests asks for more).
@@ -44,7 +45,7 @@ async def _one(url: str, model: str, rate: float, n: int, osl: int, procs: int,
     offsets = ArrivalProcess().schedule_ns(rate, n, seed)
     res = await run_rate_level(url, bodies, offsets, rate=rate, seed=seed,
                                options=ClientOptions(isolate=True, procs=procs))
-    df = requests_frame(res.records)
+    df = requests_frame(rows(res.records))
     fig = open_loop_figures(df)
     cl = client_health(res.procs, df)
     return {"sent": fig["sent_req_s"], "fraction": fig["sent_fraction"],

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import orjson
 
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
+from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse, parse_response
 
 LOOP_LAG_INTERVAL_S = 0.010
@@ -60,7 +61,9 @@ class ClientOptions:
 
 
 @dataclass
-class Progress:
+class LevelProgress:
+    """How far a level is: what the live progress line shows (lab.load.sweep.LineProgress)."""
+
     done: int
     total: int | None  # None for timed levels
     errors: int
@@ -74,7 +77,7 @@ class LevelResult:
     `lab.analysis.client_health` turns them into the level's client-health figures."""
 
     concurrency: int
-    records: list[dict] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
     procs: list[dict] = field(default_factory=list)
 
 
@@ -83,13 +86,13 @@ class RemoteClients(Protocol):
     what `run_level` and `open_loop.run_rate_level` hand a level to instead of spawning."""
 
     async def closed(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                     options: ClientOptions, progress: Callable[[Progress], None] | None
-                     ) -> tuple[list[dict], list[dict]]: ...
+                     options: ClientOptions, progress: Callable[[LevelProgress], None] | None
+                     ) -> tuple[list[RequestRecord], list[dict]]: ...
 
     async def open(self, url: str, payloads: _Payloads, offsets: Any, warmup: int,
                    options: ClientOptions, cap: int | None, streams: Any,
-                   progress: Callable[[Progress], None] | None
-                   ) -> tuple[list[dict], list[dict]]: ...
+                   progress: Callable[[LevelProgress], None] | None
+                   ) -> tuple[list[RequestRecord], list[dict]]: ...
 
     def streams_for(self) -> int: ...
 
@@ -115,24 +118,25 @@ def _requested(body: dict) -> tuple[int | None, int | None]:
     return isl, body.get("max_tokens")
 
 
-def build_record(raw: RawResponse, streaming: bool, *, index: int, prefix: str, warmup: bool,
-                 scheduled_ns: int, isl: int | None, osl: int | None, proc: int) -> dict:
+def build_record(raw: RawResponse, sent: Sent, *, prefix: str, warmup: bool, proc: int,
+                 keep_text: bool = False) -> RequestRecord:
     """One request's record: the parsed response's stamps and counts, plus who sent it when."""
-    rec = parse_response(raw, streaming)
-    rec.update(
-        index=index,
-        request_id=f"{prefix}{index}",
-        warmup=warmup,
-        scheduled_ns=scheduled_ns,
-        isl_requested=isl,
-        osl_requested=osl,
-        client_proc=proc,
-    )
-    if rec["input_tokens"] is None:
-        rec["input_tokens"] = isl
-        rec["input_tokens_source"] = "request"
+    rec = parse_response(raw, sent.streaming, keep_text)
+    rec.index = sent.request_index
+    rec.request_id = f"{prefix}{sent.request_index}"
+    rec.warmup = warmup
+    rec.scheduled_ns = sent.scheduled_ns
+    rec.intended_ns = sent.intended_ns
+    rec.isl_requested = sent.isl
+    rec.osl_requested = sent.osl
+    rec.client_proc = proc
+    rec.conversation = sent.conversation
+    rec.turn = sent.turn
+    if rec.input_tokens is None:
+        rec.input_tokens = sent.isl
+        rec.input_tokens_source = "request"
     else:
-        rec["input_tokens_source"] = "usage"
+        rec.input_tokens_source = "usage"
     return rec
 
 
@@ -183,7 +187,7 @@ class _Driver:
         self.options = options
         self.shared = shared
         self.proc = proc
-        self.records: list[dict] = []
+        self.records: list[RequestRecord] = []
         self.lags_ns: list[int] = []
         # the request indices this driver claims, in order (default: all of `payloads`); a
         # driver that shares no counter with the others (a Ray actor) gets its own share
@@ -215,19 +219,17 @@ class _Driver:
         self._next = k + 1
         return self.indices[k]
 
-    def finish(self, i: int, scheduled: int, isl: int | None, osl: int | None, streaming: bool,
-                raw: RawResponse) -> None:
-        rec = build_record(raw, streaming, index=i, prefix=self.options.request_id_prefix,
-                           warmup=i < self.warmup, scheduled_ns=scheduled, isl=isl, osl=osl,
-                           proc=self.proc)
+    def finish(self, sent: Sent, raw: RawResponse) -> None:
+        rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
+                           warmup=sent.request_index < self.warmup, proc=self.proc)
         self.records.append(rec)
         self.done += 1
-        if not rec["ok"]:
+        if not rec.ok:
             self.errors += 1
         if self.shared is not None and self.shared.done is not None:
             with self.shared.done.get_lock():
                 self.shared.done.value += 1
-            if not rec["ok"]:
+            if not rec.ok:
                 with self.shared.errors.get_lock():
                     self.shared.errors.value += 1
 
@@ -240,14 +242,15 @@ class _Driver:
             await asyncio.sleep(LOOP_LAG_INTERVAL_S)
             lags.append(max(0, perf() - t0 - interval_ns))
 
-    async def _progress_ticker(self, progress: Callable[[Progress], None], start_ns: int) -> None:
+    async def _progress_ticker(self, progress: Callable[[LevelProgress], None],
+                               start_ns: int) -> None:
         total = None if self.options.duration_s else self.payloads.n
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
-            progress(Progress(self.done, total, self.errors,
+            progress(LevelProgress(self.done, total, self.errors,
                               (time.perf_counter_ns() - start_ns) / 1e9))
 
-    async def run(self, progress: Callable[[Progress], None] | None = None,
+    async def run(self, progress: Callable[[LevelProgress], None] | None = None,
                   start_ns: int | None = None, deadline_ns: int | None = None) -> dict:
         opts = self.options
         if self.payloads.n:
@@ -280,7 +283,7 @@ class _Driver:
         t1 = time.perf_counter_ns()
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         if progress:
-            progress(Progress(self.done, None if opts.duration_s else self.payloads.n,
+            progress(LevelProgress(self.done, None if opts.duration_s else self.payloads.n,
                               self.errors, (t1 - t0) / 1e9))
         cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         return {
@@ -304,10 +307,10 @@ class _Slot:
     """
 
     def __init__(self, driver: _Driver) -> None:
-        self.d = driver
+        self.driver = driver
         self.conn: Http1Connection | None = None
-        self.current: tuple[int, int, int | None, int | None, bool] | None = None
-        self.finished: list[tuple] = []  # (index, scheduled, isl, osl, streaming, raw)
+        self.current: Sent | None = None
+        self.finished: list[tuple[Sent, RawResponse]] = []
         self.stalled = True  # no request in flight and none will be written by a callback
         self.free_ns = 0
         self.waiter: asyncio.Future | None = None
@@ -315,9 +318,9 @@ class _Slot:
 
     def _write(self, conn: Http1Connection, i: int, scheduled: int, raw: RawResponse,
                timeout_s: float) -> None:
-        d = self.d
+        d = self.driver
         data, isl, osl, streaming = d.payloads.get(i)
-        self.current = (i, scheduled, isl, osl, streaming)
+        self.current = Sent(i, None, scheduled, isl, osl, streaming)
         rid = b"X-Request-Id: %s%d\r\n" % (d.rid_prefix, i)
         conn.request(post_request(d.head, rid, data), raw, streaming, self.on_response,
                      timeout_s)
@@ -328,8 +331,8 @@ class _Slot:
         if current is None or self.stopped:
             return
         self.current = None
-        self.finished.append((*current, raw))
-        d = self.d
+        self.finished.append((current, raw))
+        d = self.driver
         if reusable and d.options.fresh_connection:
             conn.close()
             reusable = False
@@ -348,11 +351,11 @@ class _Slot:
 
     def _parse(self) -> None:
         finished, self.finished = self.finished, []
-        for item in finished:
-            self.d.finish(*item)
+        for sent, raw in finished:
+            self.driver.finish(sent, raw)
 
     async def _connect(self, raw: RawResponse) -> Http1Connection | None:
-        d = self.d
+        d = self.driver
         assert d.origin is not None  # set when the level starts, before any slot
         try:
             conn = await connect(d.origin, nodelay=d.options.http_nodelay,
@@ -370,7 +373,7 @@ class _Slot:
         return None
 
     async def run(self, start_ns: int) -> None:
-        d = self.d
+        d = self.driver
         loop = asyncio.get_running_loop()
         perf = time.perf_counter_ns
         scheduled = start_ns
@@ -403,7 +406,7 @@ class _Slot:
                         self.conn = None
                 if conn is None:
                     _, isl, osl, streaming = d.payloads.get(i)
-                    self.finished.append((i, scheduled, isl, osl, streaming, raw))
+                    self.finished.append((Sent(i, None, scheduled, isl, osl, streaming), raw))
                     self.free_ns = raw.done_ns or perf()
                     self.stalled = True
                 while True:
@@ -490,8 +493,8 @@ START_DELAY_NS = 100_000_000
 
 
 async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                     options: ClientOptions, progress: Callable[[Progress], None] | None
-                     ) -> tuple[list[dict], list[dict]]:
+                     options: ClientOptions, progress: Callable[[LevelProgress], None] | None
+                     ) -> tuple[list[RequestRecord], list[dict]]:
     ctx = mp.get_context("spawn")
     next_index = ctx.Value("q", 0)
     done = ctx.Value("q", 0)
@@ -510,8 +513,8 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
 
 async def run_client_processes(ctx: Any, target: Callable[..., None], args: list[tuple],
                                start_message: Callable[[int], Any], done: Any, errors: Any,
-                               total: int | None, progress: Callable[[Progress], None] | None
-                               ) -> tuple[list[dict], list[dict]]:
+                               total: int | None, progress: Callable[[LevelProgress], None] | None
+                               ) -> tuple[list[RequestRecord], list[dict]]:
     """Start one client process per `args` entry (`target(*args, pipe, parent_pid)`), wait
     until each says "ready", send each `start_message(start_ns)` (one start for all), report
     progress from the shared `done`/`errors` counters, and return the records and client infos
@@ -540,9 +543,9 @@ async def run_client_processes(ctx: Any, target: Callable[..., None], args: list
             while not all(w.done() for w in waits):
                 await asyncio.wait(waits, timeout=PROGRESS_INTERVAL_S)
                 if progress:
-                    progress(Progress(done.value, total, errors.value,
+                    progress(LevelProgress(done.value, total, errors.value,
                                       max(0.0, (time.perf_counter_ns() - start_ns) / 1e9)))
-        records: list[dict] = []
+        records: list[RequestRecord] = []
         infos: list[dict] = []
         for w, (p, _) in zip(waits, children, strict=True):
             status, recs, info = w.result()
@@ -576,7 +579,7 @@ def _recv(conn: Any, p: Any, stop: threading.Event) -> Any:
 
 async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmup: int = 0,
                     options: ClientOptions | None = None,
-                    progress: Callable[[Progress], None] | None = None,
+                    progress: Callable[[LevelProgress], None] | None = None,
                     remote: RemoteClients | None = None) -> LevelResult:
     """Run one closed-loop level: all of `bodies` (or, with options.duration_s, as many as fit)
     with exactly `concurrency` in flight. The first `warmup` requests are flagged `warmup=True`.
@@ -600,7 +603,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
         driver = _Driver(url, payloads, concurrency, warmup, options)
         info = await driver.run(progress)
         records, infos = driver.records, [info]
-    records.sort(key=lambda r: r["index"])
+    records.sort(key=lambda r: r.index)
     for r in records:
-        r["concurrency"] = concurrency
+        r.concurrency = concurrency
     return LevelResult(concurrency=concurrency, records=records, procs=infos)

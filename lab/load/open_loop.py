@@ -45,8 +45,8 @@ from lab.load.client import (
     LOOP_LAG_INTERVAL_S,
     PROGRESS_INTERVAL_S,
     ClientOptions,
+    LevelProgress,
     LevelResult,
-    Progress,
     RemoteClients,
     _Payloads,
     build_record,
@@ -55,6 +55,7 @@ from lab.load.client import (
     split_share,
 )
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
+from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse
 
 #: The scheduler's timer aims this long before a send is due, then yields to the loop.
@@ -63,9 +64,6 @@ SPIN_NS = 200_000
 PARSE_SLACK_NS = 2_000_000
 #: Sends in a row without yielding to the event loop, when the schedule is behind.
 MAX_SENDS_WITHOUT_YIELD = 16
-
-# (index, intended_ns, scheduled_ns, isl, osl, streaming)
-_Ctx = tuple[int, int, int, int | None, int | None, bool]
 
 
 class _OpenDriver:
@@ -84,9 +82,9 @@ class _OpenDriver:
         self.proc = proc
         self.shared_done = done
         self.shared_errors = errors
-        self.records: list[dict] = []
+        self.records: list[RequestRecord] = []
         self.lags_ns: list[int] = []
-        self.finished: list[tuple[_Ctx, RawResponse]] = []
+        self.finished: list[tuple[Sent, RawResponse]] = []
         self.idle: list[Http1Connection] = []
         self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
         self.held: deque[tuple[int, int]] = deque()
@@ -104,7 +102,7 @@ class _OpenDriver:
 
     def _dispatch(self, i: int, intended: int, scheduled: int) -> None:
         data, isl, osl, streaming = self.payloads.get(i)
-        ctx: _Ctx = (i, intended, scheduled, isl, osl, streaming)
+        ctx = Sent(i, intended, scheduled, isl, osl, streaming)
         self.inflight += 1
         raw = RawResponse(sent_ns=time.perf_counter_ns())
         while self.idle:
@@ -115,13 +113,13 @@ class _OpenDriver:
         assert self.tg is not None
         self.tg.create_task(self._connect_and_write(ctx, raw, data))
 
-    def _write(self, conn: Http1Connection, ctx: _Ctx, raw: RawResponse, data: bytes) -> None:
-        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, ctx[0])
+    def _write(self, conn: Http1Connection, ctx: Sent, raw: RawResponse, data: bytes) -> None:
+        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, ctx.request_index)
         remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
-        conn.request(post_request(self.head, rid, data), raw, ctx[5],
+        conn.request(post_request(self.head, rid, data), raw, ctx.streaming,
                      functools.partial(self._on_response, ctx), max(remaining, 1e-3))
 
-    async def _connect_and_write(self, ctx: _Ctx, raw: RawResponse, data: bytes) -> None:
+    async def _connect_and_write(self, ctx: Sent, raw: RawResponse, data: bytes) -> None:
         assert self.origin is not None
         origin = self.origin
         try:
@@ -145,7 +143,7 @@ class _OpenDriver:
         raw.done_ns = time.perf_counter_ns()
         self._complete(ctx, raw)
 
-    def _on_response(self, ctx: _Ctx, conn: Http1Connection, raw: RawResponse,
+    def _on_response(self, ctx: Sent, conn: Http1Connection, raw: RawResponse,
                      reusable: bool) -> None:
         if reusable and not self.options.fresh_connection:
             self.idle.append(conn)
@@ -154,7 +152,7 @@ class _OpenDriver:
             self.conns.discard(conn)
         self._complete(ctx, raw)
 
-    def _complete(self, ctx: _Ctx, raw: RawResponse) -> None:
+    def _complete(self, ctx: Sent, raw: RawResponse) -> None:
         self.finished.append((ctx, raw))
         self.inflight -= 1
         if self.held and (self.cap is None or self.inflight < self.cap):
@@ -169,19 +167,17 @@ class _OpenDriver:
     def _parse(self, until_ns: int | None = None) -> None:
         perf = time.perf_counter_ns
         while self.finished and (until_ns is None or perf() < until_ns):
-            (i, intended, scheduled, isl, osl, streaming), raw = self.finished.pop(0)
-            rec = build_record(raw, streaming, index=i, prefix=self.options.request_id_prefix,
-                               warmup=i < self.warmup, scheduled_ns=scheduled, isl=isl, osl=osl,
-                               proc=self.proc)
-            rec["intended_ns"] = intended
+            sent, raw = self.finished.pop(0)
+            rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
+                               warmup=sent.request_index < self.warmup, proc=self.proc)
             self.records.append(rec)
             self.done += 1
-            if not rec["ok"]:
+            if not rec.ok:
                 self.errors += 1
             if self.shared_done is not None:
                 with self.shared_done.get_lock():
                     self.shared_done.value += 1
-                if not rec["ok"]:
+                if not rec.ok:
                     with self.shared_errors.get_lock():
                         self.shared_errors.value += 1
 
@@ -193,10 +189,10 @@ class _OpenDriver:
             await asyncio.sleep(LOOP_LAG_INTERVAL_S)
             self.lags_ns.append(max(0, perf() - t0 - interval_ns))
 
-    async def _progress_ticker(self, progress: Callable[[Progress], None], t0: int) -> None:
+    async def _progress_ticker(self, progress: Callable[[LevelProgress], None], t0: int) -> None:
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
-            progress(Progress(self.done, len(self.indices), self.errors,
+            progress(LevelProgress(self.done, len(self.indices), self.errors,
                               (time.perf_counter_ns() - t0) / 1e9))
 
     async def _schedule(self, start_ns: int) -> None:
@@ -225,7 +221,7 @@ class _OpenDriver:
         self.scheduled_all = True
 
     async def run(self, start_ns: int | None = None,
-                  progress: Callable[[Progress], None] | None = None) -> dict:
+                  progress: Callable[[LevelProgress], None] | None = None) -> dict:
         first = self.indices[0] if self.indices else 0
         endpoint = endpoint_url(self.url, {} if not self.payloads.n else
                                 self.payloads.bodies[first])
@@ -258,7 +254,7 @@ class _OpenDriver:
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         self._parse()
         if progress:
-            progress(Progress(self.done, len(self.indices), self.errors, (t1 - start) / 1e9))
+            progress(LevelProgress(self.done, len(self.indices), self.errors, (t1 - start) / 1e9))
         cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         return {"proc": self.proc, "started_ns": min(t0, start), "ended_ns": t1, "cpu_s": cpu_s,
                 "requests": len(self.records), "loop_lags_ns": self.lags_ns}
@@ -288,8 +284,8 @@ def _child(url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarr
 
 async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup: int,
                      options: ClientOptions, cap: int | None, streams: np.ndarray, procs: int,
-                     progress: Callable[[Progress], None] | None
-                     ) -> tuple[list[dict], list[dict]]:
+                     progress: Callable[[LevelProgress], None] | None
+                     ) -> tuple[list[RequestRecord], list[dict]]:
     ctx = mp.get_context("spawn")
     done = ctx.Value("q", 0)
     errors = ctx.Value("q", 0)
@@ -304,7 +300,7 @@ async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup:
 async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarray, *,
                          rate: float, warmup: int = 0, max_concurrency: int | None = None,
                          seed: Sequence[int] = (0,), options: ClientOptions | None = None,
-                         progress: Callable[[Progress], None] | None = None,
+                         progress: Callable[[LevelProgress], None] | None = None,
                          remote: RemoteClients | None = None) -> LevelResult:
     """Run one open-loop level: request i of `bodies` is due `offsets_ns[i]` after the level's
     start (`arrivals.ArrivalProcess.schedule_ns`). The first `warmup` are flagged warm-up.
@@ -337,8 +333,8 @@ async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarra
                              max_concurrency)
         info = await driver.run(progress=progress)
         records, infos = driver.records, [info]
-    records.sort(key=lambda r: r["index"])
+    records.sort(key=lambda r: r.index)
     for r in records:
-        r["concurrency"] = 0
-        r["rate"] = float(rate)
+        r.concurrency = 0
+        r.rate = float(rate)
     return LevelResult(concurrency=0, records=records, procs=infos)

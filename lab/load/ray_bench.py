@@ -30,6 +30,7 @@ from lab.load.bench import FakeServer
 from lab.load.client import ClientOptions, RemoteClients, run_level
 from lab.load.ray_client import RayClientPool, ray_environment
 from lab.load.ray_settings import RaySettings
+from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
 
 BENCH_NODE_CPUS = 1
@@ -60,10 +61,10 @@ async def _level(url: str, c: int, n: int, osl: int, procs: int,
     bodies = build_requests(WorkloadSpec(isl=136, osl=osl), "fake", n + c, level_seed=c)
     res = await run_level(url, bodies, c, warmup=c,
                           options=ClientOptions(isolate=True, procs=procs), remote=remote)
-    cl = client_health(res.procs, requests_frame(res.records))
+    cl = client_health(res.procs, requests_frame(rows(res.records)))
     return {"cpu_ms": cl["cpu_ms_per_request"], "send_p99": cl["send_delay_p99_ms"],
             "lag_p99": cl["loop_lag_p99_ms"],
-            "errors": sum(1 for r in res.records if not r["ok"]),
+            "errors": sum(1 for r in res.records if not r.ok),
             "clock_error_us": (cl["clock_error_ns_max"] / 1e3
                                if "clock_error_ns_max" in cl else None)}
 

@@ -39,7 +39,7 @@ from lab.load.client import (
     PROGRESS_INTERVAL_S,
     START_DELAY_NS,
     ClientOptions,
-    Progress,
+    LevelProgress,
     ShareIndices,
     _Driver,
     _Payloads,
@@ -49,6 +49,7 @@ from lab.load.client import (
 )
 from lab.load.open_loop import _OpenDriver
 from lab.load.ray_settings import RaySettings
+from lab.load.record import RECORD_FIELDS, RequestRecord, Sent
 from lab.load.sse import RawResponse
 
 #: An actor sends the records it finished at least this often.
@@ -71,14 +72,18 @@ def ray_environment() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
-def shift_record(rec: dict, offset_ns: int) -> None:
+#: The record's stamps on the clock of the process that took them (`*_ns`, lab.load.record).
+STAMP_FIELDS = tuple(name for name in RECORD_FIELDS if name.endswith("_ns"))
+
+
+def shift_record(rec: RequestRecord, offset_ns: int) -> None:
     """Move a record's node-clock stamps onto the driver's clock (in place)."""
-    for key, value in rec.items():
-        if key.endswith("_ns"):
-            if isinstance(value, int):
-                rec[key] = value - offset_ns
-            elif isinstance(value, list):
-                rec[key] = [v - offset_ns for v in value]
+    for key in STAMP_FIELDS:
+        value = getattr(rec, key)
+        if isinstance(value, int):
+            setattr(rec, key, value - offset_ns)
+        elif isinstance(value, list):
+            setattr(rec, key, [v - offset_ns for v in value])
 
 
 class LoadClientActor:
@@ -166,7 +171,7 @@ class _Share:
     prefix: str
     claimed: int = 0
     received: set[int] = field(default_factory=set)
-    records: list[dict] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
     info: dict | None = None
     done: int = 0
     errors: int = 0
@@ -305,8 +310,8 @@ class RayClientPool:
     # ----- one level -----
 
     async def closed(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                     options: ClientOptions, progress: Callable[[Progress], None] | None
-                     ) -> tuple[list[dict], list[dict]]:
+                     options: ClientOptions, progress: Callable[[LevelProgress], None] | None
+                     ) -> tuple[list[RequestRecord], list[dict]]:
         """A closed-loop level: `concurrency` split over the actors, each on its own share of
         the indices."""
         members = self.alive()
@@ -327,8 +332,8 @@ class RayClientPool:
 
     async def open(self, url: str, payloads: _Payloads, offsets: np.ndarray, warmup: int,
                    options: ClientOptions, cap: int | None, streams: np.ndarray,
-                   progress: Callable[[Progress], None] | None
-                   ) -> tuple[list[dict], list[dict]]:
+                   progress: Callable[[LevelProgress], None] | None
+                   ) -> tuple[list[RequestRecord], list[dict]]:
         """An open-loop level: stream k of `streams` (`split_streams` over the actors) on
         actor k, at the same intended times on the driver's clock."""
         members = self.alive()
@@ -354,8 +359,8 @@ class RayClientPool:
 
     async def _level(self, parts: list[_Share], payloads: _Payloads,
                      call: Callable[[_Share, Any], Any], total: int | None,
-                     progress: Callable[[Progress], None] | None
-                     ) -> tuple[list[dict], list[dict]]:
+                     progress: Callable[[LevelProgress], None] | None
+                     ) -> tuple[list[RequestRecord], list[dict]]:
         import ray
 
         ref = ray.put(payloads)
@@ -367,7 +372,7 @@ class RayClientPool:
                     batch = await batch_ref
                     for rec in batch["records"]:
                         shift_record(rec, part.clock.offset_ns)
-                        part.received.add(rec["index"])
+                        part.received.add(rec.index)
                     part.records.extend(batch["records"])
                     part.done, part.errors = batch["done"], batch["errors"]
                     part.claimed = batch["claimed"]
@@ -385,7 +390,7 @@ class RayClientPool:
             while True:
                 await asyncio.sleep(PROGRESS_INTERVAL_S)
                 if progress:
-                    progress(Progress(sum(p.done for p in parts), total,
+                    progress(LevelProgress(sum(p.done for p in parts), total,
                                       sum(p.errors for p in parts),
                                       (time.perf_counter_ns() - started) / 1e9))
 
@@ -396,7 +401,7 @@ class RayClientPool:
                     level.create_task(consume(part))
             reporter.cancel()
         now = time.perf_counter_ns()
-        records: list[dict] = []
+        records: list[RequestRecord] = []
         infos: list[dict] = []
         for part in parts:
             records.extend(part.records)
@@ -418,7 +423,8 @@ class RayClientPool:
         return records, infos
 
 
-def _lost(part: _Share, payloads: _Payloads, now: int, *, counted: bool) -> list[dict]:
+def _lost(part: _Share, payloads: _Payloads, now: int, *, counted: bool
+          ) -> list[RequestRecord]:
     """A lost actor's requests of the level that never came back, as failed records: in a
     counted level all of its share (sent or not, the level planned them), in a timed one those
     it had claimed by its last batch."""
@@ -430,7 +436,7 @@ def _lost(part: _Share, payloads: _Payloads, now: int, *, counted: bool) -> list
         _, isl, osl, streaming = payloads.get(i)
         raw = RawResponse(sent_ns=now, done_ns=now, error_kind=LOST_KIND,
                           error_message=part.lost)
-        out.append(build_record(raw, streaming, index=i, prefix=part.prefix,
-                                warmup=i < part.warmup, scheduled_ns=now, isl=isl, osl=osl,
+        sent = Sent(i, None, now, isl, osl, streaming)
+        out.append(build_record(raw, sent, prefix=part.prefix, warmup=i < part.warmup,
                                 proc=part.proc))
     return out

@@ -1,4 +1,5 @@
-"""Turn one response's raw SSE events (stamped on arrival) into a requests.parquet record: the
+"""Turn one response's raw SSE events (stamped on arrival) into a request's record
+(`lab.load.record.RequestRecord`, a row of requests.parquet): the
 nanosecond stamps and counts of the request, no millisecond figure (the analysis derives those).
 
 The client keeps the response body as it arrived: decoded pieces, each with the
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 import orjson
+
+from lab.load.record import RequestRecord
 
 
 @dataclass
@@ -116,6 +119,15 @@ _PLAIN_KEYS = frozenset({"id", "object", "created", "model", "choices", "system_
 _EMPTY: dict = {}
 
 
+def _text(choice: dict) -> str:
+    """A content chunk's text: completions' `text`, chat's `delta.content` or `message.content`."""
+    text = choice.get("text")
+    if text:
+        return str(text)
+    part = choice.get("delta") or choice.get("message") or _EMPTY
+    return str(part.get("content") or "")
+
+
 def _content(choice: dict) -> bool:
     text = choice.get("text")
     if text:
@@ -126,37 +138,49 @@ def _content(choice: dict) -> bool:
     return bool(choice.get("token_ids"))
 
 
-def _absorb(obj: dict, out: dict) -> bool:
+class _Parse:
+    """What parsing one response gathers beside the record's own fields."""
+
+    __slots__ = ("text", "usage")
+
+    def __init__(self, keep_text: bool) -> None:
+        self.usage: dict | None = None
+        self.text: list[str] | None = [] if keep_text else None
+
+
+def _absorb(obj: dict, out: RequestRecord, state: _Parse) -> bool:
     """Fold one parsed chunk into `out`; return True if it carries content."""
-    if out.get("response_id") is None and obj.get("id"):
-        out["response_id"] = obj["id"]
+    if out.response_id is None and obj.get("id"):
+        out.response_id = obj["id"]
     err = obj.get("error")
     if err:
-        out["error_kind"] = "stream_error"
-        out["error_message"] = (error_message_from_body(orjson.dumps({"error": err}))
-                                if isinstance(err, dict) else str(err))
+        out.error_kind = "stream_error"
+        out.error_message = (error_message_from_body(orjson.dumps({"error": err}))
+                             if isinstance(err, dict) else str(err))
     has_content = False
     for choice in obj.get("choices") or ():
         if _content(choice):
             has_content = True
+            if state.text is not None:
+                state.text.append(_text(choice))
         if choice.get("finish_reason"):
-            out["finish_reason"] = choice["finish_reason"]
+            out.finish_reason = choice["finish_reason"]
     usage = obj.get("usage")
     if usage:
         if not isinstance(usage, dict):
             raise TypeError(f"usage is a {type(usage).__name__}, not an object")
-        out["_usage"] = usage
+        state.usage = usage
     nvext = obj.get("nvext")
     if nvext:
         wid = nvext.get("worker_id")
         if isinstance(wid, dict):
-            out["prefill_worker_id"] = wid.get("prefill_worker_id") or out.get("prefill_worker_id")
-            out["decode_worker_id"] = wid.get("decode_worker_id") or out.get("decode_worker_id")
+            out.prefill_worker_id = wid.get("prefill_worker_id") or out.prefill_worker_id
+            out.decode_worker_id = wid.get("decode_worker_id") or out.decode_worker_id
             moved = wid.get("moved_from")
             if moved:
-                out["moved_from"] = ",".join(str(w) for w in moved)
+                out.moved_from = ",".join(str(w) for w in moved)
         elif isinstance(wid, str):
-            out["decode_worker_id"] = wid
+            out.decode_worker_id = wid
     return has_content
 
 
@@ -164,46 +188,41 @@ def _absorb(obj: dict, out: dict) -> bool:
 _SHAPE_ERRORS = (AttributeError, TypeError, ValueError, KeyError, IndexError)
 
 
-def _malformed(out: dict, event: bytes | None, exc: BaseException) -> None:
+def _malformed(out: RequestRecord, event: bytes | None, exc: BaseException) -> None:
     """Record a wrongly shaped event as this request's error, naming the offending line."""
     text = (event or b"")[:200].decode(errors="replace")
-    out["error_kind"] = "protocol"
-    out["error_message"] = f"malformed response event ({type(exc).__name__}: {exc}): {text}"
+    out.error_kind = "protocol"
+    out.error_message = f"malformed response event ({type(exc).__name__}: {exc}): {text}"
 
 
-def _count(obj: dict, key: str, out: dict) -> int | None:
+def _count(obj: dict, key: str, out: RequestRecord) -> int | None:
     """A token count from usage; a value that is not a non-negative integer is a protocol
     error (recorded) and counts as absent."""
     value = obj.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        if out["error_kind"] is None:
-            out["error_kind"] = "protocol"
-            out["error_message"] = f"usage.{key} is not a token count: {str(value)[:100]}"
+        if out.error_kind is None:
+            out.error_kind = "protocol"
+            out.error_message = f"usage.{key} is not a token count: {str(value)[:100]}"
         return None
     return value
 
 
-def parse_response(raw: RawResponse, streaming: bool) -> dict:
+def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
+                   ) -> RequestRecord:
     """The measured fields of one request (the per-request columns the client owns): stamps
     and counts only; every millisecond figure is derived from them by the analysis
-    (`lab.analysis.request_times`)."""
-    out: dict = {
-        "sent_ns": raw.sent_ns,
-        "http_status": raw.status,
-        "response_id": None,
-        "finish_reason": None,
-        "prefill_worker_id": None,
-        "decode_worker_id": None,
-        "moved_from": None,
-        "error_kind": raw.error_kind,
-        "error_message": raw.error_message,
-    }
+    (`lab.analysis.request_times`). `keep_text`: also keep the answer's text (`text`), for a
+    conversation's next turn."""
+    out = RequestRecord(sent_ns=raw.sent_ns, http_status=raw.status, error_kind=raw.error_kind,
+                        error_message=raw.error_message)
+    state = _Parse(keep_text)
     chunk_times: list[int] = []
     saw_done = False
     if streaming and raw.status == 200:
         loads = orjson.loads
+        plain = not keep_text  # the fast path skips _absorb, which gathers the text
         for t, ev in zip(*split_events(raw.times, raw.pieces, raw.done_ns), strict=True):
             try:
                 if ev.startswith(b"data: {") and b"\n" not in ev:  # the usual one-line event
@@ -214,14 +233,15 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
                     else:
                         # most events: one choice with content and nothing else to record
                         choices = obj.get("choices")
-                        if (choices and len(choices) == 1 and out["response_id"] is not None
+                        if (plain and choices and len(choices) == 1
+                                and out.response_id is not None
                                 and _PLAIN_KEYS.issuperset(obj)):
                             c = choices[0]
                             if c.get("finish_reason") is None and (
                                     c.get("text") or (c.get("delta") or _EMPTY).get("content")):
                                 chunk_times.append(t)
                                 continue
-                        if _absorb(obj, out):
+                        if _absorb(obj, out, state):
                             chunk_times.append(t)
                         continue
                 is_error_event = False
@@ -236,8 +256,8 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
                         try:
                             obj = orjson.loads(payload)
                         except orjson.JSONDecodeError:
-                            out["error_kind"] = out["error_kind"] or "protocol"
-                            out["error_message"] = out["error_message"] or (
+                            out.error_kind = out.error_kind or "protocol"
+                            out.error_message = out.error_message or (
                                 f"unparsable SSE data: {payload[:200].decode(errors='replace')}"
                             )
                             continue
@@ -245,52 +265,54 @@ def parse_response(raw: RawResponse, streaming: bool) -> dict:
                             continue
                         if is_error_event and "error" not in obj:
                             obj = {"error": obj}
-                        if _absorb(obj, out):
+                        if _absorb(obj, out, state):
                             chunk_times.append(t)
                     elif line.startswith(b"event:") and b"error" in line:
                         is_error_event = True
             except _SHAPE_ERRORS as exc:
                 _malformed(out, ev, exc)
                 break
-        if out["error_kind"] is None and raw.error_kind is None and not saw_done:
-            out["error_kind"] = "incomplete"
-            out["error_message"] = "stream ended without [DONE]"
+        if out.error_kind is None and raw.error_kind is None and not saw_done:
+            out.error_kind = "incomplete"
+            out.error_message = "stream ended without [DONE]"
     elif raw.status == 200 and raw.body is not None:
         try:
             obj = orjson.loads(raw.body)
         except orjson.JSONDecodeError:
             obj = None
-            out["error_kind"] = "protocol"
-            out["error_message"] = "unparsable JSON response"
+            out.error_kind = "protocol"
+            out.error_message = "unparsable JSON response"
         try:
-            if isinstance(obj, dict) and _absorb(obj, out) and raw.done_ns is not None:
+            if isinstance(obj, dict) and _absorb(obj, out, state) and raw.done_ns is not None:
                 chunk_times.append(raw.done_ns)
         except _SHAPE_ERRORS as exc:
             _malformed(out, raw.body, exc)
-    elif raw.status is not None and raw.status != 200 and out["error_kind"] is None:
-        out["error_kind"] = f"http_{raw.status}"
-        out["error_message"] = error_message_from_body(raw.body)
+    elif raw.status is not None and raw.status != 200 and out.error_kind is None:
+        out.error_kind = f"http_{raw.status}"
+        out.error_message = error_message_from_body(raw.body)
 
-    usage = out.pop("_usage", None) or {}
+    usage = state.usage or {}
     n_chunks = len(chunk_times)
     completion = _count(usage, "completion_tokens", out)
     if completion is not None:
-        out["output_tokens"] = completion
-        out["output_tokens_source"] = "usage"
+        out.output_tokens = completion
+        out.output_tokens_source = "usage"
     else:
-        out["output_tokens"] = n_chunks
-        out["output_tokens_source"] = "chunks"
-    out["input_tokens"] = _count(usage, "prompt_tokens", out)
+        out.output_tokens = n_chunks
+        out.output_tokens_source = "chunks"
+    out.input_tokens = _count(usage, "prompt_tokens", out)
     details = usage.get("prompt_tokens_details") or {}
     cached = _count(details, "cached_tokens", out) if isinstance(details, dict) else None
     if cached is None:
         cached = _count(usage, "cached_tokens", out)
-    out["cached_tokens"] = cached
-    out["chunks"] = n_chunks
-    out["tokens_per_chunk"] = out["output_tokens"] / n_chunks if n_chunks else None
-    out["chunk_times_ns"] = chunk_times
-    out["first_ns"] = chunk_times[0] if chunk_times else None
-    out["end_ns"] = chunk_times[-1] if chunk_times else None
-    out["done_ns"] = raw.done_ns
-    out["ok"] = out["error_kind"] is None
+    out.cached_tokens = cached
+    out.chunks = n_chunks
+    out.tokens_per_chunk = out.output_tokens / n_chunks if n_chunks else None
+    out.chunk_times_ns = chunk_times
+    out.first_ns = chunk_times[0] if chunk_times else None
+    out.end_ns = chunk_times[-1] if chunk_times else None
+    out.done_ns = raw.done_ns
+    out.ok = out.error_kind is None
+    if state.text is not None:
+        out.text = "".join(state.text)
     return out

@@ -22,9 +22,12 @@ from lab.analysis.client_health import client_health
 from lab.analysis.metrics import level_key, summarize_run
 from lab.analysis.request_times import requests_frame
 from lab.load.arrivals import ArrivalProcess, schedule_seed
-from lab.load.client import ClientOptions, LevelResult, Progress, RemoteClients, run_level
+from lab.load.client import ClientOptions, LevelProgress, LevelResult, RemoteClients, run_level
+from lab.load.conversation import Conversations, run_conversation_level
 from lab.load.open_loop import run_rate_level
 from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
+from lab.load.record import RequestRecord, rows
+from lab.load.trace import TraceRequest, TraceRequestSet, offered_rate, offsets_ns
 from lab.load.workload import RequestSet, WorkloadSpec
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
@@ -54,6 +57,25 @@ def rate_label(rate: float) -> str:
 
 
 @dataclass
+class TracePlan:
+    """--trace: the trace's requests and how to replay them (lab.load.trace)."""
+
+    path: str
+    requests: list[TraceRequest]
+    speed: float = 1.0
+    block_size: int = 512
+    id_max: int | None = None  # the --tokenizer's highest token id (prompts stay in its vocab)
+
+    @property
+    def rate(self) -> float:
+        return offered_rate(self.requests, self.speed)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "requests": len(self.requests), "speed": self.speed,
+                "block_size": self.block_size, "offered_req_s": self.rate}
+
+
+@dataclass
 class SweepPlan:
     concurrency: list[int]
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
@@ -67,6 +89,9 @@ class SweepPlan:
     arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
     max_concurrency: int | None = None
     rate_auto: bool = False  # --rate auto: search the saturation rate (lab.load.rate_search)
+    trace: TracePlan | None = None  # --trace: replay a trace instead of levels
+    # --turns/--think-ms: a level's requests are conversations' turns (lab.load.conversation)
+    conversations: Conversations = field(default_factory=Conversations)
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -81,6 +106,16 @@ class SweepPlan:
         return [(rate, r) for rate in self.rates or [] for r in range(self.repeat)]
 
     def to_dict(self) -> dict:
+        shape = self._shape_dict()
+        if self.conversations.turns > 1:
+            shape["conversations"] = self.conversations.to_dict()
+        return shape
+
+    def _shape_dict(self) -> dict:
+        if self.trace is not None:
+            return {**self._rate_dict(), "rates": [self.trace.rate],
+                    "requests_per_level": {f"{self.trace.rate:g}": len(self.trace.requests)},
+                    "arrival": "trace", "trace": self.trace.to_dict()}
         if self.rates or self.rate_auto:
             return self._rate_dict()
         return {
@@ -129,13 +164,13 @@ class LineProgress:
     def start(self, label: str) -> None:
         self.label = label
 
-    def _line(self, p: Progress) -> str:
+    def _line(self, p: LevelProgress) -> str:
         total = f"/{p.total}" if p.total is not None else ""
         rate = p.done / p.elapsed_s if p.elapsed_s > 0 else 0.0
         return (f"{self.label}: {p.done}{total} requests, {rate:,.1f} req/s, "
                 f"{p.errors} errors, {p.elapsed_s:.1f} s")
 
-    def update(self, p: Progress) -> None:
+    def update(self, p: LevelProgress) -> None:
         if self.quiet or not self.tty:
             return
         self.stream.write("\r" + self._line(p).ljust(78))
@@ -166,7 +201,7 @@ class SweepRunner:
         self.on_level = on_level
         self.writer = rundir.RequestsWriter(self.run_dir)
         self.clients: dict[str, dict] = {}
-        self.records: list[dict] = []
+        self.records: list[RequestRecord] = []
         self.run_id = self.run_dir.name
         self.started_ns: int | None = None
         self.last_row: pd.Series | None = None  # the levels.csv row of the last level run
@@ -187,6 +222,14 @@ class SweepRunner:
         self.progress.start(label)
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
+        if plan.conversations.turns > 1:
+            n_conv = plan.requests_for(concurrency) + warmup
+            result = await run_conversation_level(
+                self.url, plan.workload, self.model, seed, plan.conversations, n_conv,
+                concurrency=concurrency, warmup=warmup, options=options,
+                progress=self.progress.update)
+            self.last_row = self._save(concurrency, repeat, result)
+            return result
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
                                  progress=self.progress.update, remote=self.remote)
         self.last_row = self._save(concurrency, repeat, result)
@@ -211,6 +254,13 @@ class SweepRunner:
         self.progress.start(label)
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
+        if plan.conversations.turns > 1:
+            result = await run_conversation_level(
+                self.url, plan.workload, self.model, level_seed(round(rate * 1000), repeat),
+                plan.conversations, n, offsets_ns=offsets, rate=rate, warmup=warmup,
+                options=options, progress=self.progress.update)
+            self.last_row = self._save(0, repeat, result, rate)
+            return result
         result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
                                       max_concurrency=plan.max_concurrency, seed=seed,
                                       options=options, progress=self.progress.update,
@@ -218,17 +268,42 @@ class SweepRunner:
         self.last_row = self._save(0, repeat, result, rate)
         return result
 
+    async def run_trace(self, repeat: int) -> LevelResult:
+        """--trace: the trace's requests at its times (x speed), through the open-loop
+        scheduler; the level's rate is the trace's mean rate."""
+        plan = self.plan
+        assert plan.trace is not None
+        trace = plan.trace
+        spec = plan.workload
+        kw = {} if trace.id_max is None else {"id_max": trace.id_max}
+        bodies = TraceRequestSet(trace.requests, self.model, block_size=trace.block_size,
+                                 seed=spec.seed, endpoint=spec.endpoint, stream=spec.stream,
+                                 include_usage=spec.include_usage, **kw)
+        rate = trace.rate
+        options = replace(plan.client, duration_s=None, request_id_prefix=f"trace-r{repeat}-")
+        self.progress.start(f"trace {trace.path}" + (f" (repeat {repeat + 1}/{plan.repeat})"
+                                                     if plan.repeat > 1 else ""))
+        if self.started_ns is None:
+            self.started_ns = time.perf_counter_ns()
+        result = await run_rate_level(self.url, bodies, offsets_ns(trace.requests, trace.speed),
+                                      rate=rate, max_concurrency=plan.max_concurrency,
+                                      seed=[spec.seed, repeat], options=options,
+                                      progress=self.progress.update)
+        self.last_row = self._save(0, repeat, result, rate)
+        return result
+
     def _save(self, concurrency: int, repeat: int, result: LevelResult,
               rate: float | None = None) -> pd.Series:
         for r in result.records:
-            r["run_id"] = self.run_id
-            r["repeat"] = repeat
+            r.run_id = self.run_id
+            r.repeat = repeat
         self.records.extend(result.records)
-        self.writer.append(result.records)
+        level_rows = rows(result.records)
+        self.writer.append(level_rows)
         self.clients[level_key(concurrency, repeat, rate)] = client_health(
-            result.procs, requests_frame(result.records))
+            result.procs, requests_frame(level_rows))
         rundir.write_json(self.run_dir / rundir.CLIENT_JSON, self.clients)
-        requests = requests_frame(self.records)
+        requests = requests_frame(rows(self.records))
         procs = pd.DataFrame(self.procs_samples()) if self.procs_samples else None
         levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
                                clients=self.clients)
@@ -245,7 +320,7 @@ class SweepRunner:
     async def run_auto(self) -> None:
         """--rate auto: the closed-loop level, then rates chosen by `rate_search.next_rate`."""
         closed = await self.run_one(AUTO_CONCURRENCY, 0)
-        ok = [r for r in closed.records if r.get("ok") and not r.get("warmup")]
+        ok = [r for r in closed.records if r.ok and not r.warmup]
         if not ok:
             raise LevelFailed(f"c={AUTO_CONCURRENCY}", closed.records)
         assert self.last_row is not None  # run_one saved the closed-loop level
@@ -260,14 +335,21 @@ class SweepRunner:
         if self.plan.rate_auto:
             await self.run_auto()
             return
+        if self.plan.trace is not None:
+            for repeat in range(self.plan.repeat):
+                result = await self.run_trace(repeat)
+                failed = [r for r in result.records if not r.ok]
+                if result.records and len(failed) == len(result.records):
+                    raise LevelFailed("trace", failed)
+            return
         for rate, repeat in self.plan.rate_levels():
             result = await self.run_rate(rate, repeat)
-            failed = [r for r in result.records if not r.get("ok")]
+            failed = [r for r in result.records if not r.ok]
             if result.records and len(failed) == len(result.records):
                 raise LevelFailed(rate_label(rate), failed)
         for concurrency, repeat in self.plan.levels():
             result = await self.run_one(concurrency, repeat)
-            failed = [r for r in result.records if not r.get("ok")]
+            failed = [r for r in result.records if not r.ok]
             if result.records and len(failed) == len(result.records):
                 raise LevelFailed(f"c={concurrency}", failed)
 
@@ -276,9 +358,9 @@ class LevelFailed(RuntimeError):
     """Every request of a level failed: the sweep stops (the next levels would fail the same
     way); the level is kept, with its errors, in the run directory."""
 
-    def __init__(self, level: str, failed: list[dict]) -> None:
+    def __init__(self, level: str, failed: list[RequestRecord]) -> None:
         self.level = level
-        super().__init__(f"{level}: {failed_sentence(failed)}; the sweep stopped "
+        super().__init__(f"{level}: {failed_sentence(rows(failed))}; the sweep stopped "
                          "there (the next levels would fail the same way)")
 
 

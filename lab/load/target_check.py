@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 
 from lab.load.client import ClientOptions, run_level
+from lab.load.record import RequestRecord
 from lab.load.workload import RequestSet, WorkloadSpec, endpoint_path
 
 PROBE_OUTPUT_TOKENS = 4
@@ -141,17 +142,17 @@ async def check_target(url: str, model: str | None, spec: WorkloadSpec, *,
     include_usage = spec.include_usage
     rec = await _probe(url, model, probe, timeout_s)
     path = endpoint_path(spec)
-    if (not rec["ok"] and include_usage and rec.get("http_status") in (400, 422)):
+    if (not rec.ok and include_usage and rec.http_status in (400, 422)):
         retry = await _probe(url, model, replace(probe, include_usage=False), timeout_s)
-        if retry["ok"]:
+        if retry.ok:
             include_usage = False
             notes.append(f"the server refused stream_options.include_usage (HTTP "
-                         f"{rec['http_status']}: {rec.get('error_message')}): no usage is "
+                         f"{rec.http_status}: {rec.error_message}): no usage is "
                          "asked for; output tokens are counted from the stream's events")
         rec = retry
-    if not rec["ok"]:
-        http = rec.get("http_status")
-        kind, msg = rec.get("error_kind"), rec.get("error_message") or ""
+    if not rec.ok:
+        http = rec.http_status
+        kind, msg = rec.error_kind, rec.error_message or ""
         what = f"the probe request ({_describe(spec)}) to {url}{path}"
         if kind in ("connect", "timeout") or http is None:
             option = "--timeout" if kind == "timeout" else "--target"
@@ -160,23 +161,23 @@ async def check_target(url: str, model: str | None, spec: WorkloadSpec, *,
             advice, option = _advice(http, msg, spec, path)
             raise TargetError(f"{what} got HTTP {http}: {msg or '(no error text)'}; {advice}",
                               option)
-        if kind == "incomplete" and not rec.get("chunks"):
+        if kind == "incomplete" and not rec.chunks:
             raise TargetError(f"{what} got HTTP 200 but no SSE events: {NOT_STREAMING}",
                               "--target")
         raise TargetError(f"{what}: the stream failed ({kind}: {msg}); the lab needs a server "
                           "that streams (SSE)", "--target")
-    if not rec.get("chunks"):
+    if not rec.chunks:
         raise TargetError(f"the probe request ({_describe(spec)}) to {url}{path} got HTTP 200 "
                           f"but no content events: {NOT_STREAMING}", "--target")
-    usage_in_stream = rec.get("output_tokens_source") == "usage"
+    usage_in_stream = rec.output_tokens_source == "usage"
     if include_usage and not usage_in_stream:
         notes.append("the stream carried no usage: output tokens are counted from its events, "
                      "and the server's prompt tokens are unknown")
     return TargetInfo(
         url=url, model=model, models=models, include_usage=include_usage,
         usage_in_stream=usage_in_stream,
-        probe_prompt_tokens=rec.get("input_tokens") if usage_in_stream else None,
-        probe_isl=rec.get("isl_requested"), notes=notes)
+        probe_prompt_tokens=rec.input_tokens if usage_in_stream else None,
+        probe_isl=rec.isl_requested, notes=notes)
 
 
 def _describe(spec: WorkloadSpec) -> str:
@@ -184,7 +185,7 @@ def _describe(spec: WorkloadSpec) -> str:
     return f"{kind}, --endpoint {spec.endpoint}"
 
 
-async def _probe(url: str, model: str, spec: WorkloadSpec, timeout_s: float) -> dict:
+async def _probe(url: str, model: str, spec: WorkloadSpec, timeout_s: float) -> RequestRecord:
     bodies = RequestSet(spec, model, PROBE_LEVEL_SEED, 1)
     res = await run_level(url, bodies, 1, options=ClientOptions(
         timeout_s=timeout_s, request_id_prefix="lab-probe-"))

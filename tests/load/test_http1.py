@@ -138,8 +138,8 @@ def test_events_take_the_stamp_of_the_read_that_completed_them(clock: _Clock) ->
     assert [e + b"\n\n" for e in events] == [e1, e2, e3]
     assert times == [1000, 2000, 2000]
     rec = parse_response(raw, True)
-    assert rec["chunk_times_ns"] == [1000, 2000, 2000] and rec["chunks"] == 3
-    assert rec["error_kind"] == "incomplete"  # no [DONE] in this stream
+    assert rec.chunk_times_ns == [1000, 2000, 2000] and rec.chunks == 3
+    assert rec.error_kind == "incomplete"  # no [DONE] in this stream
 
 
 @pytest.mark.parametrize("crlf", [False, True])
@@ -175,7 +175,7 @@ def test_content_length_close_delimited_and_connection_close(clock: _Clock) -> N
     conn, raw, done = _feed([head + body[:10], body[10:]])
     assert done == [True] and raw.status == 503 and raw.body == body and not raw.pieces
     rec = parse_response(raw, True)
-    assert rec["error_kind"] == "http_503" and "no worker" in rec["error_message"]
+    assert rec.error_kind == "http_503" and "no worker" in rec.error_message
 
     head = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n"
     conn, raw, done = _feed([head + b"{}"], streaming=False)
@@ -254,19 +254,19 @@ async def test_split_chunks_over_real_reads(scripted: tuple[_Scripted, str]) -> 
     s.reads = [wire[a:b] for a, b in itertools.pairwise(cuts)]
     res = await run_level(url, _bodies(3), 1)
     for r in res.records:
-        assert r["ok"], r
-        assert r["chunks"] == 3 and r["output_tokens"] == 3
-        times = r["chunk_times_ns"]
+        assert r.ok, r
+        assert r.chunks == 3 and r.output_tokens == 3
+        times = r.chunk_times_ns
         assert times == sorted(times) and times[-1] > times[0]  # not all in one read
-    assert len({r["sent_ns"] for r in res.records}) == 3
+    assert len({r.sent_ns for r in res.records}) == 3
 
 
 async def test_timeout_is_a_row(scripted: tuple[_Scripted, str]) -> None:
     s, url = scripted
     s.reads = [HEAD + _chunked([EVENTS[1]])[:-5]]  # one token, then nothing more
     res = await run_level(url, _bodies(2), 2, options=ClientOptions(timeout_s=0.3))
-    assert [r["error_kind"] for r in res.records] == ["timeout", "timeout"]
-    assert all(r["chunks"] == 1 for r in res.records)
+    assert [r.error_kind for r in res.records] == ["timeout", "timeout"]
+    assert all(r.chunks == 1 for r in res.records)
 
 
 @pytest.fixture
@@ -282,15 +282,15 @@ async def fast_sse() -> AsyncIterator[str]:
 async def test_non_streaming_json_response(fast_sse: str) -> None:
     res = await run_level(fast_sse, _bodies(4, osl=5, stream=False), 2)
     for r in res.records:
-        assert r["ok"], r
-        assert r["output_tokens"] == 5 and r["output_tokens_source"] == "usage"
-        assert r["chunks"] == 1 and r["first_ns"] == r["done_ns"]
+        assert r.ok, r
+        assert r.output_tokens == 5 and r.output_tokens_source == "usage"
+        assert r.chunks == 1 and r.first_ns == r.done_ns
 
 
 async def test_one_chunk_per_token_stream(fast_sse: str) -> None:
     res = await run_level(fast_sse, _bodies(20, osl=64), 4)
-    assert all(r["ok"] and r["chunks"] == 64 and r["output_tokens"] == 64 for r in res.records)
-    assert all(r["decode_worker_id"] == "fake-sse" for r in res.records)
+    assert all(r.ok and r.chunks == 64 and r.output_tokens == 64 for r in res.records)
+    assert all(r.decode_worker_id == "fake-sse" for r in res.records)
 
 
 @pytest.mark.parametrize("nodelay", [True, False])

@@ -21,6 +21,7 @@ from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.bench import FakeServer
 from lab.load.client import ClientOptions
 from lab.load.open_loop import run_rate_level
+from lab.load.record import rows
 from lab.load.workload import RequestSet, WorkloadSpec
 
 KS_CRITICAL_001 = 1.628
@@ -53,7 +54,7 @@ def run(url: str, arrival: str, rate: float, n: int, *, osl: int = 16, seed: int
     result = uvloop.run(run_rate_level(
         url, bodies, offsets, rate=rate, max_concurrency=cap, seed=level_seed,
         options=ClientOptions(procs=procs, timeout_s=60.0)))
-    df = requests_frame(result.records)
+    df = requests_frame(rows(result.records))
     assert len(df) == n and df["ok"].all(), df[~df["ok"]][["error_kind", "error_message"]]
     return df
 

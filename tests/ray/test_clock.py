@@ -63,10 +63,11 @@ async def test_stamps_moved_onto_the_driver_clock(ray_cluster: RayCluster,
         t1 = time.perf_counter_ns()
     finally:
         pool.close()
-    assert len(result.records) == REQUESTS and all(r["ok"] for r in result.records)
+    assert len(result.records) == REQUESTS and all(r.ok for r in result.records)
     for info in result.procs:  # the offset measured, within the stated bound
         assert abs(info["clock_offset_ns"] - SKEW_NS) <= info["clock_error_ns"] < 10**9
         assert t0 <= info["started_ns"] <= info["ended_ns"] <= t1
     for r in result.records:  # every stamp on the driver's clock
-        assert t0 <= r["scheduled_ns"] <= r["sent_ns"] < r["done_ns"] <= t1, r
-        assert all(t0 <= t <= t1 for t in r["chunk_times_ns"])
+        assert r.scheduled_ns is not None and r.sent_ns is not None and r.done_ns is not None
+        assert t0 <= r.scheduled_ns <= r.sent_ns < r.done_ns <= t1, r
+        assert all(t0 <= t <= t1 for t in r.chunk_times_ns)

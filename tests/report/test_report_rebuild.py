@@ -8,12 +8,9 @@ import random
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from lab.analysis.request_times import REQUEST_MS_COLUMNS
 from lab.analysis.rundir import RequestsWriter
 from lab.commands.compare import compare
 from lab.commands.report import report
@@ -81,33 +78,6 @@ def test_report_rebuilds_from_requests_alone(tmp_path: Path) -> None:
     (run / "report.md").unlink()
     assert CliRunner().invoke(report, [str(run), "--no-plots"]).exit_code == 0
     pd.testing.assert_frame_equal(pd.read_csv(run / "levels.csv"), levels)
-
-
-def with_stored_figures(run: Path, value: float) -> None:
-    """Give run's requests.parquet the millisecond columns older runs stored beside the stamps
-    (here all `value`, so a figure read from them instead of derived shows)."""
-    table = pq.read_table(run / "requests.parquet")
-    for name in REQUEST_MS_COLUMNS:
-        table = table.append_column(name, pa.array([value] * table.num_rows, pa.float64()))
-    pq.write_table(table, run / "requests.parquet")
-
-
-def test_report_and_compare_re_derive_an_older_run(tmp_path: Path) -> None:
-    new, old = tmp_path / "new", tmp_path / "old"
-    synth_run(new, REF, mode="aggregated")
-    synth_run(old, REF, mode="aggregated")
-    with_stored_figures(old, 999.0)
-    for run in (new, old):
-        result = CliRunner().invoke(report, [str(run), "--no-plots"])
-        assert result.exit_code == 0, result.output
-    levels = pd.read_csv(old / "levels.csv")
-    pd.testing.assert_frame_equal(levels, pd.read_csv(new / "levels.csv"))
-    assert (levels["ttft_ms_max"] < 999).all() and (levels["send_delay_ms_max"] == 0).all()
-    result = CliRunner().invoke(compare, [str(new), str(old)])
-    assert result.exit_code == 0, result.output
-    aligned = pd.read_csv(new / "compare" / "compare.csv")
-    assert (aligned["ttft_ms_avg|aggregated (2)|delta_pct"] == 0).all()
-    assert (aligned["latency_ms_avg|aggregated (2)|delta_pct"] == 0).all()
 
 
 def test_report_bad_run(tmp_path: Path) -> None:
