@@ -72,7 +72,6 @@ def serve(settings: EngineSettings) -> None:
         grace_s=s.grace,
         stream_interval=s.stream_interval,
         run_ahead=s.run_ahead,
-        grpc_server=s.grpc_server,
         engine=args,
     )
     _setup_logging(s.log_level)

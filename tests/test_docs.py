@@ -445,8 +445,8 @@ def test_code_name_check_reads_the_docs(index: _Index) -> None:
         # C: module.name against the cited file of that stem
         ("`lab/serve/request_plane/frames.py` ... `frames.no_end`", "defines no no_end"),
         # D: a name next to a file, defined elsewhere (the issue's `Worker.handle`)
-        ("(`lab/serve/sidecar/worker.py`, `Worker.handle`)", "defines no Worker (cited next"),
-        ("`handle_it` in `lab/serve/sidecar/worker.py`", "defines no handle_it (cited next"),
+        ("(`lab/serve/sidecar/sidecar.py`, `Worker.handle`)", "defines no Worker (cited next"),
+        ("`handle_it` in `lab/serve/sidecar/sidecar.py`", "defines no handle_it (cited next"),
         ("`launch/commands.py`: `engine_settings`, `gone_settings`", "defines no gone_settings"),
         # E: a class (or member) that exists nowhere
         ("lands in `App._generate`", "no class App"),
@@ -467,7 +467,7 @@ def test_a_missing_name_fails_naming_page_line_and_name(
     "line",
     [
         # what exists, in each rule's form
-        "(`lab/serve/sidecar/worker.py`, `Sidecar.handle`); `lab/serve/sidecar/`",
+        "(`lab/serve/sidecar/sidecar.py`, `Sidecar.handle`); `lab/serve/sidecar/`",
         "`lab/analysis/nagle.py`, `nagle_verdict.py`, `nagle_words.py`",
         "`python -m lab.wire.h2grpc.bench`; `mocker.server.recorder.list_recorded`",
         "`lab/serve/request_plane/sockets.py`; `sockets.FramedConnection.queue_frame`",

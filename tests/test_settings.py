@@ -62,12 +62,11 @@ def every_field_changed(tmp_path: Path) -> dict[type[Settings], dict[str, Any]]:
             speedup_ratio=250.5, decode_speedup_ratio=2.25, engine_args='{"max_num_seqs":3}',
             kv_host="127.0.0.2", kv_port=5601, instance_id="engine-0-abcd",
             record_requests=True, stall_timeout=12.5, stream_interval=8, run_ahead=16,
-            grpc_server="aio",
             grace=1.5, log_level="debug",
         ),
         SidecarSettings: dict(
             engine="127.0.0.1:50051", listen="127.0.0.1:7001", discovery="file:/tmp/disc",
-            worker_id="sidecar-3", server_nodelay=False, grpc_client="aio", grace_period=1.5,
+            worker_id="sidecar-3", server_nodelay=False, grace_period=1.5,
             inflight_timeout=3.5, startup_deadline=9.0, connect_attempt_timeout=4.0,
             retry_interval=0.5, heartbeat=0.25, ttl=3.0, stale_load=7.0, stall=0.75,
             probe_timeout=1.25, log_level="warning",

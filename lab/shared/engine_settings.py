@@ -9,12 +9,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, setting
-from lab.shared.settings import (
-    DEFAULT_GRPC_SERVER,
-    DEFAULT_LOG_LEVEL,
-    GRPC_SERVERS,
-    LOG_LEVELS,
-)
+from lab.shared.settings import DEFAULT_LOG_LEVEL, LOG_LEVELS
 from lab.wire.address import split_address
 from lab.wire.constants import DEFAULT_MODEL, DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL, ROLES
 
@@ -141,10 +136,6 @@ class EngineSettings(Settings):
         "waits for it. 1 = lock-step (one pass, then wait for every stream). On schedule "
         "(speedup 1) passes are spaced by their simulated time and this changes nothing.",
         ge=1, le=MAX_RUN_AHEAD, metavar="K")
-    grpc_server: str = setting(
-        DEFAULT_GRPC_SERVER, "gRPC server implementation: h2 (batched HTTP/2: one socket write "
-        "per event-loop turn for all streams) or aio (grpc.aio, the reference). Both speak the "
-        "same wire protocol.", choices=GRPC_SERVERS)
     grace: float = setting(
         GRACE_S, "Seconds in-flight requests get to finish on SIGTERM/SIGINT.", ge=0,
         le=MAX_SECONDS)

@@ -7,14 +7,10 @@ from dataclasses import dataclass
 from lab.wire.constants import DEFAULT_MODEL, ROLES
 
 __all__ = [
-    "DEFAULT_GRPC_CLIENT",
-    "DEFAULT_GRPC_SERVER",
     "DEFAULT_LOG_LEVEL",
     "DEFAULT_MIGRATION_LIMIT",
     "DEFAULT_MODEL",
     "DEFAULT_ROUTER",
-    "GRPC_CLIENTS",
-    "GRPC_SERVERS",
     "LOG_LEVELS",
     "ROLES",
     "ROUTERS",
@@ -22,18 +18,6 @@ __all__ = [
     "SidecarTiming",
     "SocketSettings",
 ]
-
-#: How the sidecar reads its engine's Generate streams: "h2" (lab.wire.h2grpc: a whole recv()
-#: of HTTP/2 frames parsed in one pass, several times cheaper per token) or "aio" (grpc.aio,
-#: the reference). Control RPCs and the liveness watch always use grpc.aio.
-GRPC_CLIENTS = ("h2", "aio")
-DEFAULT_GRPC_CLIENT = "h2"
-
-#: The engine's gRPC server implementation: "h2" (lab.wire.h2grpc: every stream's messages of
-#: one event-loop turn in one socket write, several times cheaper per message) or "aio"
-#: (grpc.aio, the reference it is tested against).
-GRPC_SERVERS = ("h2", "aio")
-DEFAULT_GRPC_SERVER = "h2"
 
 #: `--log-level` of every process (case-insensitive on the command line; logs go to stderr).
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -1,7 +1,7 @@
 """`lab sidecar`'s settings, defined once: its CLI and the launcher's sidecar argv come from here.
 
 The timing defaults are `lab.shared.settings.SidecarTiming` / `DiscoveryTiming`, the socket one
-`SocketSettings`; `lab.serve.sidecar.worker.SidecarConfig` is what the sidecar runs on.
+`SocketSettings`; `lab.serve.sidecar.sidecar.SidecarConfig` is what the sidecar runs on.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from pydantic import model_validator
 
 from lab.shared.config_cli import MAX_SECONDS, Settings, setting
 from lab.shared.settings import (
-    DEFAULT_GRPC_CLIENT,
     DEFAULT_LOG_LEVEL,
-    GRPC_CLIENTS,
     LOG_LEVELS,
     DiscoveryTiming,
     SidecarTiming,
@@ -68,10 +66,6 @@ class SidecarSettings(Settings):
     server_nodelay: bool = setting(
         SocketSettings.server_nodelay, "TCP_NODELAY on accepted request-plane sockets (set "
         "explicitly either way).", on_off=True)
-    grpc_client: str = setting(
-        DEFAULT_GRPC_CLIENT, "How Generate streams are read: h2 (batched HTTP/2, one pass per "
-        "recv) or aio (grpc.aio, the reference). Control RPCs and the liveness watch always use "
-        "grpc.aio.", choices=GRPC_CLIENTS)
     grace_period: float = setting(
         SidecarTiming.grace_period_s, "Seconds to keep serving after withdrawing (SIGTERM), or "
         "to drain (engine lost).", ge=0, le=MAX_SECONDS)

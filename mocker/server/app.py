@@ -1,11 +1,11 @@
 """Assemble and run the mocker's gRPC server.
 
 One gRPC server on one port serves openengine.v1 Inference + Control, grpc.health.v1 and the
-request recorder: lab.wire.h2grpc's batched HTTP/2 server by default, grpc.aio with
-`--grpc-server aio`. The admin (fault-injection) service runs only when `admin_listen` is given,
-on a server of its own bound there. Graceful stop (SIGTERM/SIGINT): every health service
-NOT_SERVING (liveness first), Watch streams end, in-flight requests get `grace_s` to finish, then
-the engine loop stops and `serve` returns 0.
+request recorder: lab.wire.h2grpc's batched HTTP/2 server (grpc.aio is no run-time path; it is
+the oracle h2grpc is tested against, tests/wire/test_h2grpc.py). The admin (fault-injection)
+service runs only when `admin_listen` is given, on an h2grpc server of its own bound there.
+Graceful stop (SIGTERM/SIGINT): every health service NOT_SERVING (liveness first), Watch streams
+end, in-flight requests get `grace_s` to finish, then the engine loop stops and `serve` returns 0.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-
-import grpc
 
 from lab.wire import constants as wc
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
@@ -63,18 +61,14 @@ class MockerServer:
         fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, Scheduler(cfg.engine), self.health)
-        self.server = (
-            H2GrpcServer(options=SERVER_OPTIONS)
-            if cfg.grpc_server == "h2"
-            else grpc.aio.server(options=SERVER_OPTIONS)
-        )
+        self.server = H2GrpcServer(options=SERVER_OPTIONS)
         add_inference(Inference(self.state), self.server)
         openengine_pb2_grpc.add_ControlServicer_to_server(Control(self.state), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.server.add_generic_rpc_handlers([self.state.recorder.handler()])
-        self.admin_server: grpc.aio.Server | None = None
+        self.admin_server: H2GrpcServer | None = None
         if admin_listen:
-            self.admin_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            self.admin_server = H2GrpcServer()
             admin_pb2_grpc.add_AdminServicer_to_server(Admin(self.state), self.admin_server)
         self.address = ""
         self.admin_address = ""
@@ -153,7 +147,7 @@ async def serve(cfg: ServerConfig, listen: str, admin_listen: str | None = None)
     server = MockerServer(cfg, listen, admin_listen=admin_listen)
     try:
         address = await server.start()
-    except (RuntimeError, OSError) as exc:  # grpc.aio raises RuntimeError, h2grpc OSError
+    except OSError as exc:
         log.error("cannot listen on %s: %s", listen, exc)
         return 1
     loop = asyncio.get_running_loop()

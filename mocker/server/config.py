@@ -22,7 +22,6 @@ from lab.shared.engine_settings import (
     STALL_TIMEOUT_S,
 )
 from lab.shared.json_arg import read_json_object
-from lab.shared.settings import DEFAULT_GRPC_SERVER, GRPC_SERVERS
 from lab.wire.constants import (
     DEFAULT_MODEL,
     DEFAULT_STREAM_INTERVAL,
@@ -95,8 +94,6 @@ class ServerConfig:
     stream_interval: int = DEFAULT_STREAM_INTERVAL
     #: Passes already due that the engine loop runs and hands out together (engine_loop.py).
     run_ahead: int = DEFAULT_RUN_AHEAD
-    #: GRPC_SERVERS: "h2" (lab.wire.h2grpc) or "aio" (grpc.aio).
-    grpc_server: str = DEFAULT_GRPC_SERVER
     #: The model's HuggingFace tokenizer (tokenizer.json or its directory): output ids are its
     #: vocabulary but its special tokens (mocker.server.vocab). Empty = not given.
     tokenizer: str = ""
@@ -109,10 +106,6 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
-        if self.grpc_server not in GRPC_SERVERS:
-            raise ValueError(
-                f"grpc_server must be one of {', '.join(GRPC_SERVERS)}, got {self.grpc_server!r}"
-            )
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(
                 f"stream_interval must be in [1, {MAX_STREAM_INTERVAL}], got {self.stream_interval}"

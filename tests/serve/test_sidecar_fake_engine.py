@@ -17,7 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from lab.serve.discovery import open_registry
 from lab.serve.request_plane import FrameType, RequestPlaneClient
-from lab.serve.sidecar.worker import Sidecar, SidecarConfig
+from lab.serve.sidecar.sidecar import Sidecar, SidecarConfig
 from lab.wire.gen.openengine.v1 import (
     error_pb2,
     generation_pb2,

@@ -1,4 +1,5 @@
-"""Engine-loss detection against real in-process grpc.aio health servers (127.0.0.1:0)."""
+"""Engine-loss detection against real in-process h2grpc health servers (127.0.0.1:0), watched
+over the sidecar's own channel (H2GrpcChannel), as at run time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from lab.serve.sidecar.liveness import EngineLoss, LoadMonitor, watch_liveness
+from lab.wire.h2grpc import H2GrpcChannel, H2GrpcServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -28,13 +30,13 @@ class ScriptedHealth(health_pb2_grpc.HealthServicer):
             yield item
 
 
-async def start_server(servicer=None) -> tuple[grpc.aio.Server, grpc.aio.Channel]:
-    server = grpc.aio.server()
+async def start_server(servicer=None) -> tuple[H2GrpcServer, H2GrpcChannel]:
+    server = H2GrpcServer()
     if servicer is not None:
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    channel = H2GrpcChannel(f"127.0.0.1:{port}")
     return server, channel
 
 
@@ -49,7 +51,7 @@ async def resolved_within(loss: EngineLoss, seconds: float) -> str:
         return await loss.wait()
 
 
-async def stop(task: asyncio.Task, server: grpc.aio.Server, channel: grpc.aio.Channel) -> None:
+async def stop(task: asyncio.Task, server: H2GrpcServer, channel: H2GrpcChannel) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await channel.close()

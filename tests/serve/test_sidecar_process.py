@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from lab.serve.discovery.file_store import FileRegistry
@@ -272,6 +273,55 @@ async def test_engine_loss_withdraws_while_running_then_exits_1(
     assert "ERROR" in log and "engine lost: " in log
     if fault == "not_serving":
         assert "engine lost: liveness status NOT_SERVING (instance engine-0-bbbb)" in log
+
+
+def engine_connections(pid: int, engine_port: int, side: str) -> list:
+    """Process `pid`'s ESTABLISHED TCP connections to (side="remote") or on (side="local") the
+    engine's gRPC port, as the kernel lists them."""
+    conns = psutil.Process(pid).net_connections(kind="tcp")
+    return [
+        c
+        for c in conns
+        if c.status == psutil.CONN_ESTABLISHED
+        and (c.raddr if side == "remote" else c.laddr)
+        and (c.raddr if side == "remote" else c.laddr).port == engine_port
+    ]
+
+
+async def test_one_connection_carries_generate_control_and_the_liveness_watch(
+    spawn, disc: Path, registry: FileRegistry
+) -> None:
+    """The sidecar holds exactly ONE TCP connection to its engine while a Generate streams and
+    the heartbeat's GetLoad runs (counted on both ends by the kernel), and the liveness watch
+    lives on it: liveness NOT_SERVING, set through the admin port, takes the worker out."""
+    engine = spawn("engine-0", engine_argv(speedup=1, instance="engine-0-one"))
+    sidecar = spawn(
+        "sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--grace-period", "1")
+    )
+    port = int(engine.address.rpartition(":")[2])
+    client = RequestPlaneClient(sidecar.address)
+    try:
+        stream = await client.open_stream(request("one-1", max_tokens=5000))  # still running
+        async with asyncio.timeout(10):
+            assert (await anext(stream))[0] == CHUNK
+
+        async def heartbeat_saw_the_stream() -> bool:  # a GetLoad answered while it streams
+            return any(r.load.get("in_flight") == 1 for r in await registry.list())
+
+        await wait_for(heartbeat_saw_the_stream, timeout=10, what="a heartbeat in flight")
+        assert len(engine_connections(sidecar.pid, port, "remote")) == 1
+        assert len(engine_connections(engine.pid, port, "local")) == 1
+        async with grpc.aio.insecure_channel(engine.ready["admin"]) as channel:
+            await admin_pb2_grpc.AdminStub(channel).SetHealth(
+                admin_pb2.SetHealthRequest(service="liveness", status=2)
+            )
+        await wait_gone(registry, "sidecar-0")
+        _, end, _ = await collect(stream)
+        assert end["error"] is not None
+        assert await wait_exit(sidecar) == 1
+    finally:
+        await client.close()
+    assert "engine lost: liveness status NOT_SERVING (instance engine-0-one)" in sidecar.log()
 
 
 def _free_port() -> int:

@@ -37,7 +37,7 @@ def sidecar(settings: SidecarSettings) -> None:
 
     import uvloop
 
-    from lab.serve.sidecar.worker import Sidecar, SidecarConfig
+    from lab.serve.sidecar.sidecar import Sidecar, SidecarConfig
 
     logging.basicConfig(
         stream=sys.stderr,
@@ -60,7 +60,6 @@ def sidecar(settings: SidecarSettings) -> None:
         heartbeat_s=s.heartbeat,
         ttl_s=s.ttl,
         stale_load_s=s.stale_load,
-        grpc_client=s.grpc_client,
         stall_s=s.stall,
         probe_timeout_s=s.probe_timeout,
     )

@@ -321,29 +321,26 @@ class ResponseConverter:
         )
 
 
-_ERR = error_pb2
-
-
 def engine_error(err: error_pb2.EngineError) -> dict[str, Any]:
     """An in-band EngineError -> the END error the frontend acts on."""
     code = err.code
-    name = _ERR.ErrorCode.Name(code) if code in _ERR.ErrorCode.values() else str(code)
+    name = error_pb2.ErrorCode.Name(code) if code in error_pb2.ErrorCode.values() else str(code)
     text = f"engine error {name}: {err.message}"
-    if code in (_ERR.ERROR_CODE_INVALID_ARGUMENT, _ERR.ERROR_CODE_UNSUPPORTED_FEATURE):
+    if code in (error_pb2.ERROR_CODE_INVALID_ARGUMENT, error_pb2.ERROR_CODE_UNSUPPORTED_FEATURE):
         return error_payload("invalid_request", text, 400)
-    if code == _ERR.ERROR_CODE_ROLE_MISMATCH:
+    if code == error_pb2.ERROR_CODE_ROLE_MISMATCH:
         return error_payload(
             "invalid_request",
             text + " (hint: the request's phase does not match the engine's "
             "role: check which fleet the frontend routed it to)",
             400,
         )
-    if code == _ERR.ERROR_CODE_OVERLOADED:
+    if code == error_pb2.ERROR_CODE_OVERLOADED:
         # Only a stalled consumer triggers it; not worth migrating (reference behaviour).
         return error_payload("engine_error", text, 500)
-    if code == _ERR.ERROR_CODE_CANCELLED:
+    if code == error_pb2.ERROR_CODE_CANCELLED:
         return error_payload("cancelled", text, 499)
-    if code in (_ERR.ERROR_CODE_KV_SESSION_NOT_FOUND, _ERR.ERROR_CODE_KV_TRANSFER_FAILED):
+    if code in (error_pb2.ERROR_CODE_KV_SESSION_NOT_FOUND, error_pb2.ERROR_CODE_KV_TRANSFER_FAILED):
         return error_payload(
             "engine_error",
             text + " (hint: the decode engine could not use the prefill "

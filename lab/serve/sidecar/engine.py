@@ -1,9 +1,10 @@
 """The sidecar's gRPC link to its engine: the start-up handshake, control RPCs and Generate.
 
-Control RPCs and the liveness watch use a grpc.aio channel. Generate, the per-token stream, uses
-a second connection: lab.wire.h2grpc's channel by default (it parses each recv() of HTTP/2
-frames in one pass instead of paying grpc.aio's per-message machinery), or the grpc.aio channel
-itself with `grpc_client="aio"`. Both speak the same wire protocol to the engine.
+Everything goes over ONE HTTP/2 connection, lab.wire.h2grpc's channel: Generate (the per-token
+stream: a whole recv() of frames parsed in one pass instead of grpc.aio's per-message
+machinery), the unary control RPCs (GetServerInfo, GetModelInfo, GetLoad, Abort) and the
+liveness Health/Watch. So the watch follows the very connection that carries the tokens: a
+connection that dies ends the watch and every stream together.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
-from lab.shared.settings import DEFAULT_GRPC_CLIENT, DEFAULT_MODEL
+from lab.shared.settings import DEFAULT_MODEL
 from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
 from lab.wire.address import split_address
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
@@ -99,19 +100,14 @@ class EngineInfo:
 
 
 class EngineLink:
-    def __init__(self, target: str, grpc_client: str = DEFAULT_GRPC_CLIENT) -> None:
+    """One H2GrpcChannel to the engine and the stubs that share it."""
+
+    def __init__(self, target: str) -> None:
         self.target = target
-        options = [
-            ("grpc.max_send_message_length", MAX_MESSAGE),
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-        ]
-        self.channel = grpc.aio.insecure_channel(target, options=options)
-        self._stream_channel: H2GrpcChannel | None = None
-        if grpc_client == "h2":
-            self._stream_channel = H2GrpcChannel(target, options=options)
-            self.inference = openengine_pb2_grpc.InferenceStub(self._stream_channel)
-        else:
-            self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
+        self.channel = H2GrpcChannel(
+            target, options=[("grpc.max_receive_message_length", MAX_MESSAGE)]
+        )
+        self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
         self.control = openengine_pb2_grpc.ControlStub(self.channel)
 
     async def handshake(
@@ -205,6 +201,4 @@ class EngineLink:
             log.warning("Abort(%s) failed: %s: %s", request_id, exc.code().name, exc.details())
 
     async def close(self) -> None:
-        if self._stream_channel is not None:
-            await self._stream_channel.close(grace=None)
-        await self.channel.close(grace=None)
+        await self.channel.close()

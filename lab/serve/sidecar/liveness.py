@@ -2,7 +2,8 @@
 
 `EngineLoss` is the single place a loss is reported; the first reason wins. Three sources feed it:
 
-* `watch_liveness()`: grpc.health.v1 Health/Watch for the service "liveness". Any status other
+* `watch_liveness()`: grpc.health.v1 Health/Watch for the service "liveness", on the engine
+  link's one connection (the one that carries Generate). Any status other
   than SERVING (a first SERVICE_UNKNOWN included), the stream ending, the stream failing, or the
   stream not opening (no first status) within the connect-attempt timeout is a loss. NotFound or
   Unimplemented means the engine has no health service: one warning, no watch, no loss.
@@ -20,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lab.wire.constants import HEALTH_LIVENESS
+from lab.wire.h2grpc import H2GrpcChannel
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ class EngineLoss:
 
 
 async def watch_liveness(
-    channel: grpc.aio.Channel,
+    channel: H2GrpcChannel,
     loss: EngineLoss,
     open_timeout_s: float,
     service: str = HEALTH_LIVENESS,

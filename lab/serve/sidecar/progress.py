@@ -3,11 +3,11 @@
 A hung engine (a stuck executor, a GPU hang, a SIGSTOPped process) keeps its gRPC health SERVING
 or simply stops answering; neither ends the liveness watch. Two signals catch it:
 
-* `Progress`: the request path bumps `messages` once per Generate message received (one attribute
-  update, the only cost on the token path). `StallCheck` compares it across polls: requests in
-  flight and no message on any of them for `stall_s` is a stall. Time only counts while requests
-  are in flight, so an idle engine never stalls, and a request that arrives at an idle engine
-  starts the clock when it arrives (within one poll).
+* `MessageCounter`: the request path bumps `messages` once per Generate message received (one
+  attribute update, the only cost on the token path). `StallCheck` compares it across polls:
+  requests in flight and no message on any of them for `stall_s` is a stall. Time only counts
+  while requests are in flight, so an idle engine never stalls, and a request that arrives at an
+  idle engine starts the clock when it arrives (within one poll).
 * `StallCheck.load_sample`: with nothing in flight, GetLoad (the heartbeat) has not answered
   for `stall_s` (a stopped process never answers), or its engine timestamp stood still and is
   older than `stall_s` (a frozen engine loop). An engine whose timestamps were never fresh nor
@@ -36,7 +36,7 @@ log = logging.getLogger("lab.sidecar")
 CANARY_PROMPT = (1000, 1001)
 
 
-class Progress:
+class MessageCounter:
     """Counts Generate messages received across all streams (bumped on the request path)."""
 
     __slots__ = ("messages",)

@@ -104,10 +104,7 @@ class _ClientConn(H2Connection):
                 self._end(st, code, f"Received http2 header with status: {status.decode()}")
                 return
             if not end_stream:
-                call._initial = from_fields(headers)
-                waiter = call._waiter
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)  # someone awaits initial_metadata()
+                call._initial = from_fields(headers)  # reported with an error status
                 return
         if end_stream:
             hdr = dict(headers)
@@ -220,17 +217,14 @@ class _Call:
         self._initial: tuple = ()
         self._trailing: tuple = ()
         self._locally_cancelled = False
-        self._callbacks: list[Callable[[Any], None]] = []
         self._done_fut: asyncio.Future[None] | None = None
         self._st: _ClientStream | None = None
         self._conn: _ClientConn | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._retries = 0
         self._wait_for_ready = False
-        self._deadline: float | None = None
         if timeout is not None:
-            self._deadline = self._loop.time() + timeout
-            self._timer = self._loop.call_at(self._deadline, self._on_deadline)
+            self._timer = self._loop.call_later(timeout, self._on_deadline)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -247,9 +241,6 @@ class _Call:
             waiter.set_result(None)
         if self._done_fut is not None and not self._done_fut.done():
             self._done_fut.set_result(None)
-        callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            cb(self)
 
     def _abandon(self, code: grpc.StatusCode, details: str) -> None:
         st = self._st
@@ -278,17 +269,6 @@ class _Call:
     def done(self) -> bool:
         return self._code is not None
 
-    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
-        if self._code is not None:
-            callback(self)
-        else:
-            self._callbacks.append(callback)
-
-    def time_remaining(self) -> float | None:
-        if self._deadline is None:
-            return None
-        return max(0.0, self._deadline - self._loop.time())
-
     async def _wait_done(self) -> None:
         if self._code is None:
             if self._done_fut is None:
@@ -299,22 +279,6 @@ class _Call:
         await self._wait_done()
         assert self._code is not None
         return self._code
-
-    async def details(self) -> str:
-        await self._wait_done()
-        return self._details
-
-    async def initial_metadata(self) -> grpc.aio.Metadata:
-        while self._code is None and not (self._st is not None and self._st.got_headers):
-            await self._next_event()
-        return grpc.aio.Metadata(*self._initial)
-
-    async def trailing_metadata(self) -> grpc.aio.Metadata:
-        await self._wait_done()
-        return grpc.aio.Metadata(*self._trailing)
-
-    async def wait_for_connection(self) -> None:
-        await self._channel._connection()
 
     def _error(self) -> BaseException:
         if self._locally_cancelled:
@@ -577,19 +541,6 @@ class H2GrpcChannel:
     def _conn_done(self, conn: _ClientConn) -> None:
         if self._conn is conn:
             self._conn = None
-
-    async def _connection(self) -> None:
-        """Connect now if not connected (what `channel_ready` waits for)."""
-        while not (self._conn is not None and self._conn.usable):
-            if self._connect_task is None:
-                self._connect_task = self._loop().create_task(self._connect())
-            task = self._connect_task
-            await asyncio.shield(task)
-            if self._conn is None:
-                raise ConnectionError(f"cannot connect to {self._host}:{self._port}")
-
-    async def channel_ready(self) -> None:
-        await self._connection()
 
     async def close(self, grace: float | None = None) -> None:
         """Cancel every call still running (CANCELLED "Channel closed!"), GOAWAY, close."""

@@ -38,8 +38,9 @@ LOCAL_CONN_WINDOW = 16 << 20
 FLUSH_AT = 256 << 10
 
 
-class ConnectionError_(Exception):
-    """A connection-level protocol error: GOAWAY with `code`, then close."""
+class PeerProtocolError(Exception):
+    """The peer broke HTTP/2 at the connection level (RFC 9113 5.4.1: a bad frame size, flow
+    control, HPACK...): raised while parsing, answered with GOAWAY(`code`), then close."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -168,11 +169,11 @@ class H2Connection(asyncio.Protocol):
                 end = pos + 9 + ((hi << 8) | lo)
                 if end > n:
                     if end - pos > LOCAL_MAX_FRAME + 9:
-                        raise ConnectionError_(f.FRAME_SIZE_ERROR, "frame too large")
+                        raise PeerProtocolError(f.FRAME_SIZE_ERROR, "frame too large")
                     break
                 sid &= 0x7FFFFFFF
                 if self._cont is not None and ftype != f.CONTINUATION:
-                    raise ConnectionError_(f.PROTOCOL_ERROR, "expected CONTINUATION")
+                    raise PeerProtocolError(f.PROTOCOL_ERROR, "expected CONTINUATION")
                 if ftype == f.DATA:
                     self._data(sid, flags, data[pos + 9 : end])
                 else:
@@ -180,7 +181,7 @@ class H2Connection(asyncio.Protocol):
                 if self.closed:
                     return
                 pos = end
-        except ConnectionError_ as exc:
+        except PeerProtocolError as exc:
             self.abort_connection(exc.code, str(exc))
             return
         if pos < n:
@@ -194,7 +195,7 @@ class H2Connection(asyncio.Protocol):
             payload = payload[1 : len(payload) - payload[0]]
         self._conn_recv_unacked += flow
         if self._conn_recv_unacked > LOCAL_CONN_WINDOW:
-            raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection receive window exceeded")
+            raise PeerProtocolError(f.FLOW_CONTROL_ERROR, "connection receive window exceeded")
         if self._conn_recv_unacked >= LOCAL_CONN_WINDOW // 2:
             self.write(f.window_update(0, self._conn_recv_unacked))
             self._conn_recv_unacked = 0
@@ -222,7 +223,7 @@ class H2Connection(asyncio.Protocol):
                 self._cont = (sid, flags, [payload])
         elif ftype == f.CONTINUATION:
             if self._cont is None or self._cont[0] != sid:
-                raise ConnectionError_(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
+                raise PeerProtocolError(f.PROTOCOL_ERROR, "unexpected CONTINUATION")
             self._cont[2].append(payload)
             if flags & f.END_HEADERS:
                 csid, cflags, parts = self._cont
@@ -248,7 +249,7 @@ class H2Connection(asyncio.Protocol):
         try:
             headers = self._decoder.decode(block, raw=True)
         except hpack.HPACKError as exc:
-            raise ConnectionError_(f.COMPRESSION_ERROR, f"HPACK: {exc}") from exc
+            raise PeerProtocolError(f.COMPRESSION_ERROR, f"HPACK: {exc}") from exc
         # raw=True: a list of (name, value) bytes pairs, whatever hpack annotates
         self.on_headers(sid, headers, bool(flags & f.END_STREAM))  # type: ignore[arg-type]
 
@@ -256,14 +257,14 @@ class H2Connection(asyncio.Protocol):
         for key, value in f.parse_settings(payload):
             if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
-                    raise ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
+                    raise PeerProtocolError(f.FLOW_CONTROL_ERROR, "initial window too large")
                 delta = value - self._peer_initial_window
                 self._peer_initial_window = value
                 for st in self.streams.values():
                     st.send_window += delta
             elif key == f.SETTINGS_MAX_FRAME_SIZE:
                 if not f.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
-                    raise ConnectionError_(f.PROTOCOL_ERROR, "bad max frame size")
+                    raise PeerProtocolError(f.PROTOCOL_ERROR, "bad max frame size")
                 self.peer_max_frame = value
             elif key == f.SETTINGS_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
@@ -274,7 +275,7 @@ class H2Connection(asyncio.Protocol):
         if sid == 0:
             self._conn_send_window += inc
             if self._conn_send_window > f.MAX_WINDOW:
-                raise ConnectionError_(f.FLOW_CONTROL_ERROR, "connection window overflow")
+                raise PeerProtocolError(f.FLOW_CONTROL_ERROR, "connection window overflow")
             self._pump_all()
             return
         st = self.streams.get(sid)

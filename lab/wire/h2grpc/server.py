@@ -60,7 +60,9 @@ def _status_block(
 
 class ServicerContext:
     """The per-call context a handler receives: the subset of `grpc.aio.ServicerContext` the
-    mocker uses (abort, metadata, deadline, cancellation, done callbacks)."""
+    mocker's handlers use (abort), `write` (grpc_health's stock servicer), plus what
+    tests/wire/test_h2grpc.py checks arrives from the client (metadata, peer, deadline) and a
+    done callback."""
 
     def __init__(
         self, st: _ServerStream, conn: _ServerConn, metadata: tuple, deadline: float | None
@@ -72,9 +74,7 @@ class ServicerContext:
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self._trailing: Sequence[tuple[str, str | bytes]] = ()
-        self._initial: Sequence[tuple[str, str | bytes]] = ()
         self._aborted = False
-        self._cancelled = False
         self._done = False
         self._callbacks: list[Callable[[Any], None]] = []
 
@@ -92,30 +92,6 @@ class ServicerContext:
             self._trailing = trailing_metadata
         raise grpc.aio.AbortError()
 
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
-
-    def set_details(self, details: str) -> None:
-        self._details = details
-
-    def code(self) -> grpc.StatusCode | None:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def set_trailing_metadata(self, trailing_metadata: Sequence[tuple[str, str | bytes]]) -> None:
-        self._trailing = trailing_metadata
-
-    def trailing_metadata(self) -> Sequence[tuple[str, str | bytes]]:
-        return self._trailing
-
-    async def send_initial_metadata(
-        self, initial_metadata: Sequence[tuple[str, str | bytes]]
-    ) -> None:
-        self._initial = initial_metadata
-        self._conn.start_response(self._st)
-
     def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
         return self._metadata
 
@@ -131,12 +107,6 @@ class ServicerContext:
             return None
         return max(0.0, self._deadline - self._conn.loop.time())
 
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def done(self) -> bool:
-        return self._done
-
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         if self._done:
             callback(self)
@@ -144,18 +114,13 @@ class ServicerContext:
             self._callbacks.append(callback)
 
     async def write(self, message: Any) -> None:
-        """Streaming by `context.write` (instead of yielding)."""
+        """Streaming by `context.write` instead of yielding (grpc_health's stock aio servicer
+        streams Watch this way)."""
         handler = self._st.handler
         ser = handler.response_serializer if handler is not None else None
         self._conn.send(self._st, ser(message) if ser is not None else message)
         if not self._conn.writable(self._st):
             await self._conn.wait_writable(self._st)
-
-    def disable_next_message_compression(self) -> None:
-        pass
-
-    def set_compression(self, compression: Any) -> None:
-        pass
 
     def _finish(self) -> None:
         if self._done:
@@ -325,8 +290,6 @@ class _ServerConn(H2Connection):
         st.status_sent = True
         if st.deadline_timer is not None:
             st.deadline_timer.cancel()
-        if st.ctx is not None:
-            st.ctx._cancelled = True
         if st.task is not None and not st.task.done():
             st.task.cancel()
         elif st.ctx is not None:
@@ -346,18 +309,7 @@ class _ServerConn(H2Connection):
     def start_response(self, st: _ServerStream) -> None:
         if not st.headers_sent:
             st.headers_sent = True
-            ctx = st.ctx
-            if ctx is not None and ctx._initial:
-                block = f.encode_headers(
-                    [
-                        (b":status", b"200"),
-                        (b"content-type", f.CONTENT_TYPE),
-                        *to_fields(ctx._initial),
-                    ]
-                )
-            else:
-                block = _HEADERS_200
-            self.send_headers(st, block)
+            self.send_headers(st, _HEADERS_200)
 
     def send(self, st: _ServerStream, msg: bytes) -> None:
         if st.status_sent:

@@ -26,13 +26,9 @@ from lab.serve.sidecar.convert import (
 )
 from lab.serve.sidecar.engine import EngineInfo, EngineLink, StartupError
 from lab.serve.sidecar.liveness import EngineLoss, LoadMonitor, watch_liveness
-from lab.serve.sidecar.progress import Progress, StallCheck, probe_engine
-from lab.shared.settings import (
-    DEFAULT_GRPC_CLIENT,
-    DiscoveryTiming,
-    SidecarTiming,
-    SocketSettings,
-)
+from lab.serve.sidecar.progress import MessageCounter, StallCheck, probe_engine
+from lab.shared.settings import DiscoveryTiming, SidecarTiming, SocketSettings
+from lab.wire.h2grpc.client import UnaryStreamCall
 from lab.wire.ready import format_ready
 
 log = logging.getLogger("lab.sidecar")
@@ -59,7 +55,6 @@ class SidecarConfig:
     heartbeat_s: float = DiscoveryTiming.heartbeat_s
     ttl_s: float = DiscoveryTiming.ttl_s
     stale_load_s: float = SidecarTiming.stale_load_s
-    grpc_client: str = DEFAULT_GRPC_CLIENT
     stall_s: float = SidecarTiming.stall_s
     probe_timeout_s: float = SidecarTiming.probe_timeout_s
 
@@ -79,7 +74,7 @@ class _Active:
 
     def __init__(self, sink: StreamSink) -> None:
         self.sink = sink
-        self.call: grpc.aio.UnaryStreamCall | None = None
+        self.call: UnaryStreamCall | None = None
 
 
 class Sidecar:
@@ -93,7 +88,7 @@ class Sidecar:
         self._idle: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self.loss: EngineLoss | None = None
-        self.progress = Progress()
+        self.received = MessageCounter()
         self.stalled: str | None = None  # why the worker is out of rotation (engine stalled)
         self._registry_lock = asyncio.Lock()
 
@@ -126,10 +121,10 @@ class Sidecar:
         call = self.link.inference.Generate(greq)
         active.call = call
         sink.on_cancel = call.cancel
-        progress = self.progress
+        received = self.received
         try:
             async for msg in call:
-                progress.messages += 1
+                received.messages += 1
                 kind = msg.WhichOneof("event")
                 if kind == "token":
                     chunk = conv.token(msg.token)
@@ -226,7 +221,7 @@ class Sidecar:
         tick = min(0.25, self.config.stall_s / 4)
         while True:
             await asyncio.sleep(tick)
-            reason = stall.check(self.progress.messages, len(self._active), time.monotonic())
+            reason = stall.check(self.received.messages, len(self._active), time.monotonic())
             if reason is None:
                 continue
             since = time.monotonic()
@@ -302,7 +297,7 @@ class Sidecar:
             loop.add_signal_handler(sig, on_signal, sig.name)
 
         registry = open_registry(cfg.discovery, ttl_s=cfg.ttl_s)
-        self.link = EngineLink(cfg.engine, cfg.grpc_client)
+        self.link = EngineLink(cfg.engine)
         server: RequestPlaneServer | None = None
         try:
             try:
