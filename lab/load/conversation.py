@@ -76,17 +76,18 @@ class _ConversationDriver:
         turns = self.shape.turns
         try:
             for turn in range(turns):
-                wait = due - perf()
-                if wait > 0:
+                # the loop's timers may fire a little before perf_counter says it is time
+                while (wait := due - perf()) > 0:
                     await asyncio.sleep(wait / 1e9)
+                released = perf()
                 index = conv * turns + turn
                 body = build_body(self.spec, self.model, self.level_seed, index,
                                   prompts=self.prompts)
                 history.append(body["messages"][0])
                 body["messages"] = list(history)
                 isl = self.prompts.prompt(self.level_seed, index)[1]
-                sent = Sent(index, due, due, isl, output_len(self.spec, self.level_seed, index),
-                            bool(body.get("stream")), conv, turn)
+                osl = output_len(self.spec, self.level_seed, index)
+                sent = Sent(index, due, released, isl, osl, bool(body.get("stream")), conv, turn)
                 raw = RawResponse(sent_ns=perf())
                 conn = await self._send(conn, raw, index, orjson.dumps(body), sent.streaming)
                 rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
