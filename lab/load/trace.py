@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import orjson
 
-from lab.load.workload import NVEXT_EXTRA_FIELDS, TOKEN_ID_MAX, TOKEN_ID_MIN, ids_to_words
+from lab.load.workload import (
+    NVEXT_EXTRA_FIELDS,
+    TOKEN_ID_MAX,
+    TOKEN_ID_MIN,
+    LazyRequests,
+    ids_to_words,
+)
 
 #: mooncake's block size, in tokens: what one hash id covers.
 MOONCAKE_BLOCK_SIZE = 512
@@ -181,7 +187,7 @@ class TracePrompts:
         return ids
 
 
-class TraceRequestSet(Sequence[dict]):
+class TraceRequestSet(LazyRequests):
     """A trace's request bodies (built on access, picklable): exactly input_length prompt
     tokens (token ids; `<token:N>` words on the chat endpoint) and output_length output tokens.
     """
@@ -199,13 +205,7 @@ class TraceRequestSet(Sequence[dict]):
     def __len__(self) -> int:
         return len(self.requests)
 
-    @overload
-    def __getitem__(self, i: int) -> dict: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[dict]: ...
-    def __getitem__(self, i: int | slice) -> dict | list[dict]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def body(self, i: int) -> dict:
         req = self.requests[i]
         ids = self.prompts.prompt(req, i)
         body: dict = {"model": self.model}
@@ -224,6 +224,3 @@ class TraceRequestSet(Sequence[dict]):
         req = self.requests[i]
         return req.input_length, req.output_length
 
-    def __iter__(self) -> Iterator[dict]:
-        for i in range(len(self)):
-            yield self[i]

@@ -205,12 +205,39 @@ def build_body(spec: WorkloadSpec, model: str, level_seed: int, index: int,
     return body
 
 
-class RequestSet(Sequence[dict]):
-    """A lazy, picklable, deterministic sequence of request bodies (for long or timed levels).
+class LazyRequests(Sequence[dict]):
+    """Request bodies built on access (picklable; a timed level draws from 10**9 of them at no
+    cost): a subclass gives `__len__`, `body(i)` and `requested(i)`."""
 
-    Bodies are built on access, so `RequestSet(spec, model, level_seed, 10**9)` costs nothing
-    until requests are drawn from it.
-    """
+    def body(self, i: int) -> dict:
+        raise NotImplementedError
+
+    def requested(self, i: int) -> tuple[int, int]:
+        """(prompt tokens, output tokens) requested by body `i`."""
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> dict: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict]: ...
+    def __getitem__(self, i: int | slice) -> dict | list[dict]:
+        n = len(self)
+        if isinstance(i, slice):
+            return [self.body(j) for j in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self.body(i)
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(len(self)):
+            yield self.body(i)
+
+
+class RequestSet(LazyRequests):
+    """A lazy, deterministic sequence of the workload's request bodies (for long or timed
+    levels): `RequestSet(spec, model, level_seed, 10**9)` costs nothing until drawn from."""
 
     def __init__(self, spec: WorkloadSpec, model: str, level_seed: int, n: int) -> None:
         self.spec = spec
@@ -222,17 +249,7 @@ class RequestSet(Sequence[dict]):
     def __len__(self) -> int:
         return self.n
 
-    @overload
-    def __getitem__(self, i: int) -> dict: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[dict]: ...
-    def __getitem__(self, i: int | slice) -> dict | list[dict]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.n))]
-        if i < 0:
-            i += self.n
-        if not 0 <= i < self.n:
-            raise IndexError(i)
+    def body(self, i: int) -> dict:
         return build_body(self.spec, self.model, self.level_seed, i, prompts=self.prompts)
 
     def requested(self, i: int) -> tuple[int, int]:
@@ -240,10 +257,6 @@ class RequestSet(Sequence[dict]):
         rng = random.Random(f"req/{self.spec.seed}/{self.level_seed}/{i}")
         return (_length(rng, self.spec.isl, self.spec.isl_stddev),
                 output_len(self.spec, self.level_seed, i))
-
-    def __iter__(self) -> Iterator[dict]:
-        for i in range(self.n):
-            yield self[i]
 
 
 def build_requests(spec: WorkloadSpec, model: str, n: int, level_seed: int) -> list[dict]:
