@@ -108,8 +108,13 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
             f"(stddev {wl.get('osl_stddev')}), shared prefix {wl.get('shared_prefix')}, "
             f"{wl.get('prompt_kind')} prompts, seed {wl.get('seed')}, "
             f"stream={wl.get('stream')}")
+    conv = sweep.get("conversations") or {}
+    turns = conv.get("turns", 1)
     per_level = (f"{sweep['trace']['requests']} requests (the trace's)" if sweep.get("trace")
                  else f"{sweep['duration_s']:g} s" if sweep.get("duration_s")
+                 else f"{sweep['requests']} conversations of {turns} turns "
+                 f"({sweep['requests'] * turns} requests)"
+                 if turns > 1 and sweep.get("requests") is not None
                  else f"{sweep['requests']} requests" if sweep.get("requests") is not None
                  else f"{_measured_counts(requests)} requests (--requests not given: the "
                  "default for each concurrency)")

@@ -58,8 +58,10 @@ def _check_turns(req: pd.DataFrame) -> None:
 def test_each_turn_sends_the_history_with_the_previous_answer(tmp_path: Path) -> None:
     req = _sweep(tmp_path / "run", "--conc", "2")
     _check_turns(req)
-    md = (tmp_path / "run" / "report.md").read_text()
-    assert "conversations" in md.split("\n## ")[0], md[:600]
+    header = (tmp_path / "run" / "report.md").read_text().split("\n## ")[0]
+    assert "conversations of 3 turns" in header, header
+    # --requests counts conversations, and the header says how many requests that makes
+    assert "per level: 6 conversations of 3 turns (18 requests)" in header, header
 
 
 def test_under_a_rate_a_turn_follows_its_predecessor(tmp_path: Path) -> None:
