@@ -27,7 +27,11 @@ def test_bench_discovery_prints_a_row_per_worker_count() -> None:
     for row in rows:
         workers, messages = int(row[0]), int(row[-1])
         figures = [float(v) for v in row[1:-1]]
-        assert all(f > 0 for f in figures), row
+        watcher_reg, watcher_refresh, writer, etcd_cpu, etcd_rss = figures
+        # the watcher and writer are timed on their own CPU clocks (ns); etcd's CPU comes
+        # from /proc in clock ticks, so a few events of a quiet etcd can round to 0
+        assert watcher_reg > 0 and watcher_refresh > 0 and writer > 0, row
+        assert etcd_cpu >= 0 and etcd_rss > 0, row
         # at least the initial set, and one message per refresh batch seen
         assert messages >= 2, row
         assert workers >= 2
