@@ -40,6 +40,13 @@ class Sampler:
         self._procs: dict[tuple[int, float | None], psutil.Process] = {}
         self._written = 0
 
+    def samples_now(self) -> list[dict[str, Any]]:
+        """Every sample so far, with one taken now: a sweep level shorter than the interval
+        that just ended is then covered by a sample of its own (lab.analysis.metrics
+        `process_figures` takes those in (start, end + one interval])."""
+        self.sample_once()
+        return list(self.samples)
+
     def sample_once(self) -> list[dict[str, Any]]:
         rows = []
         live_keys = set()

@@ -85,7 +85,7 @@ class Stack:
         return await self.supervisor.fault(name, kind)
 
     def cpu_samples(self) -> list[dict[str, Any]]:
-        return [] if self.sampler is None else list(self.sampler.samples)
+        return [] if self.sampler is None else self.sampler.samples_now()
 
     def on_event(self, listener: Callable[[dict[str, Any]], None]) -> None:
         """Call `listener(event)` for every event from now on (e.g. to print restarts)."""

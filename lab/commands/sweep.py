@@ -409,7 +409,7 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, qui
              for name, pid in server_pids.items()]
     sampler = Sampler(lambda: views, run_dir / "procs.parquet", include_children=True)
     runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet),
-                         procs_samples=lambda: list(sampler.samples), remote=remote)
+                         procs_samples=sampler.samples_now, remote=remote)
     async with asyncio.TaskGroup() as tg:
         sampling = tg.create_task(sampler.run())
         try:

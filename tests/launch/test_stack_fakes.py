@@ -7,6 +7,7 @@ import asyncio
 import functools
 import json
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -256,3 +257,23 @@ async def test_sampler_and_config(tmp_path: Path, fakes: Programs) -> None:
     assert config["versions"]["python"] and config["versions"]["packages"]["grpcio"]
     assert config["machine"]["cpu_count"] >= 1 and config["machine"]["kernel"]
     assert "commit" in config["git"]
+
+
+async def test_a_level_shorter_than_the_sample_interval_has_its_cpu_figures(
+        tmp_path: Path, fakes: Programs) -> None:
+    """A sweep asks for the samples when a level ends: one is taken then, so a level that ended
+    before the sampler's next tick still gets each process's CPU (a quiet machine runs a
+    small level in well under the 0.5 s interval)."""
+    from lab.analysis.metrics import process_figures
+
+    async with Stack(TopologySpec.aggregated(grace_s=3), tmp_path / "run", programs=fakes,
+                     sample_interval_s=3600) as stack:
+        # before the level: each process sampled (the first call primes its counter)
+        await wait_for(lambda: {s["name"] for s in stack.cpu_samples()} >= {
+            "engine-0", "sidecar-0", "frontend"})
+        start = time.perf_counter_ns()
+        assert await asyncio.to_thread(health, stack.frontend_url) == 200
+        end = time.perf_counter_ns()
+        samples = stack.cpu_samples()  # the level's end, long before the next tick
+    figures = process_figures(pd.DataFrame(samples), start, end, (end - start) / 1e9, ok=1)
+    assert {"cpu_pct:engine-0", "cpu_pct:sidecar-0", "cpu_pct:frontend"} <= set(figures)
