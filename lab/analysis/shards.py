@@ -5,7 +5,9 @@ clock at the shard's start, so every stamp becomes wall-clock ns (stamp + wall -
 shards' requests share one time line (as good as the nodes' clock sync, NTP: about a
 millisecond, which bounds the error of a level's start and end, not of any request's own
 figures, which are differences on one clock). A shard's level of C/N slots becomes the level
-C it is a share of.
+C it is a share of, and its request i the level's request i x N + I. A rate shard (shard.json
+`mode` "rate") already records the rate level and the level's own request indices
+(`lab.load.stream_share`): its rows keep them, so the merged level is the seed's schedule.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pyarrow as pa
 from lab.analysis import rundir
 
 SHARD_JSON = "shard.json"  # written by lab.commands.shard
-STAMP_COLUMNS = ("scheduled_ns", "sent_ns", "first_ns", "end_ns", "done_ns")
+STAMP_COLUMNS = ("intended_ns", "scheduled_ns", "sent_ns", "first_ns", "end_ns", "done_ns")
 
 
 class ShardError(ValueError):
@@ -71,10 +73,11 @@ def on_shared_clock(shard: ShardRun, proc_stride: int) -> pd.DataFrame:
         df[col] = df[col].astype("Int64") + offset
     df["chunk_times_ns"] = [None if t is None else [int(x) + offset for x in t]
                             for t in df["chunk_times_ns"]]
-    levels = {int(k): int(v) for k, v in shard.info["levels"].items()}
-    df["concurrency"] = df["concurrency"].map(levels)
     index, count = int(shard.info["index"]), int(shard.info["count"])
-    df["index"] = df["index"] * count + index
+    if shard.info.get("mode", "conc") == "conc":
+        levels = {int(k): int(v) for k, v in shard.info["levels"].items()}
+        df["concurrency"] = df["concurrency"].map(levels)
+        df["index"] = df["index"] * count + index
     df["client_proc"] = df["client_proc"] + index * proc_stride
     return df
 
@@ -95,9 +98,13 @@ def merge(dirs: list[Path], out: Path) -> int:
 
     pq.write_table(table, out / rundir.REQUESTS)
     config = dict(shards[0].config)
-    sweep = dict(config.get("sweep") or {})
-    sweep["concurrency"] = sorted({int(v) for s in shards for v in s.info["levels"].values()})
-    config["sweep"] = sweep
+    modes = {s.info.get("mode", "conc") for s in shards}
+    if len(modes) != 1:
+        raise ShardError(f"shards of different runs (modes {sorted(modes)})")
+    if modes == {"conc"}:
+        sweep = dict(config.get("sweep") or {})
+        sweep["concurrency"] = sorted({int(v) for s in shards for v in s.info["levels"].values()})
+        config["sweep"] = sweep
     config["shards"] = [{"path": str(s.path), **s.info} for s in shards]
     rundir.write_json(out / rundir.CONFIG, config)
     return count

@@ -1,7 +1,10 @@
 """`lab sweep --target URL --shard I/N [--barrier etcd://H:P/NAME]`: one of N client pods.
 
 Shard I of N runs every level with C/N of its C slots (C must be a multiple of N, so each
-shard's share names its level) and 1/N of `--requests` (rounded up). With `--barrier` the
+shard's share names its level) and 1/N of `--requests` (rounded up). With `--rate`, shard I
+runs stream I of N of every rate level (`lab.load.stream_share`): the level's whole schedule
+and bodies drawn from the unchanged seed, of which it sends the arrivals `split_streams` gives
+it (N independent Poisson streams of rate/N; together the seed's schedule). With `--barrier` the
 shards meet in etcd before the first level: each puts its wall-clock time under
 `/loadlab/barrier/NAME/`, waits until all N are there, and starts at the latest of them plus
 START_MARGIN_S, the same instant for all. `shard.json` in the run directory records the shard,
@@ -22,11 +25,14 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from lab.shared.config_cli import MAX_SECONDS, Settings, setting
+
+if TYPE_CHECKING:
+    from lab.load.stream_share import StreamShare
 
 SHARD_JSON = "shard.json"
 BARRIER_PREFIX = "/loadlab/barrier/"
@@ -74,16 +80,24 @@ class ShardPlan:
     --requests, and its own seed."""
 
     shard: Shard
-    levels: dict[int, int]
+    levels: dict[int, int]  # closed loop; empty for rate levels
     requests: int | None
     seed: int
     barrier: str | None
     barrier_timeout_s: float
+    mode: str = "conc"  # "conc": C/N slots per level; "rate": stream I of N per rate level
+
+    def share(self) -> StreamShare | None:
+        """The rate levels' stream of this shard (None for closed-loop levels)."""
+        from lab.load.stream_share import StreamShare  # numpy: not for `lab sweep --help`
+
+        return StreamShare(self.shard.index, self.shard.count) if self.mode == "rate" else None
 
 
 def plan_shard(settings: ShardSettings, *, target: str | None, concs: list[int],
-               requests: int | None, seed: int) -> ShardPlan | None:
-    """The shard's share of each level and of `requests`; None without --shard. Usage errors
+               requests: int | None, seed: int, rate: bool = False) -> ShardPlan | None:
+    """The shard's share of each level and of `requests`; None without --shard. `rate`: the
+    levels are request rates (`--rate`), split into streams instead of slots. Usage errors
     name the option."""
     if settings.shard is None:
         if settings.barrier is not None:
@@ -95,6 +109,11 @@ def plan_shard(settings: ShardSettings, *, target: str | None, concs: list[int],
     if settings.barrier is not None and not _BARRIER.fullmatch(settings.barrier):
         raise click.BadParameter(f"{settings.barrier!r}: expected etcd://HOST:PORT/NAME",
                                  param_hint="'--barrier'")
+    if rate:
+        # every shard draws the level's schedule from the same seed and sends its stream
+        return ShardPlan(shard=shard, levels={}, requests=requests, seed=seed,
+                         barrier=settings.barrier, barrier_timeout_s=settings.barrier_timeout,
+                         mode="rate")
     bad = [c for c in concs if c % shard.count]
     if bad:
         raise click.BadParameter(f"{', '.join(map(str, bad))}: not a multiple of the "
@@ -117,7 +136,7 @@ def start(run_dir: Path, plan: ShardPlan | None) -> None:
         barrier = wait_at_barrier(plan.barrier, plan.shard, plan.barrier_timeout_s)
     wall_ns, mono_ns = time.time_ns(), time.perf_counter_ns()
     (run_dir / SHARD_JSON).write_text(json.dumps({
-        **asdict(plan.shard), "levels": plan.levels, "seed": plan.seed,
+        **asdict(plan.shard), "mode": plan.mode, "levels": plan.levels, "seed": plan.seed,
         "barrier": barrier,
         "anchor": {"wall_ns": wall_ns, "perf_counter_ns": mono_ns}}, indent=2) + "\n")
 

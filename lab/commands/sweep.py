@@ -133,8 +133,11 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         check_conversation_conflicts(conversation, settings, arrival, client,
                                      trace=trace.trace is not None)
     target = settings.target
+    if shard.shard is not None:
+        _check_shard_rate(arrival, trace.trace is not None, conversation.turns > 1)
     shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
-                            requests=settings.requests, seed=settings.seed)
+                            requests=settings.requests, seed=settings.seed,
+                            rate=bool(arrival.rate))
     concs = list(settings.conc)
     if shard_plan is not None:
         concs = list(shard_plan.levels)
@@ -148,7 +151,8 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         requests=settings.requests, duration_s=settings.duration, warmup=settings.warmup,
         repeat=settings.repeat, client=client.to_options(),
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
-        max_concurrency=arrival.max_concurrency)
+        max_concurrency=arrival.max_concurrency,
+        share=shard_plan.share() if shard_plan is not None else None)
     if trace.trace is not None:
         from lab.commands.trace import trace_plan
 
@@ -202,6 +206,22 @@ def _check_ray(ray: RaySettings, client: ClientSettings, shard: ShardSettings) -
     if shard.shard is not None:
         raise click.UsageError("--shard and --ray are alternatives: --ray splits the client "
                                "over the cluster itself")
+
+
+def _check_shard_rate(arrival: ArrivalSettings, trace: bool, turns: bool) -> None:
+    """What --shard cannot split: each shard would search, replay or cap on its own."""
+    if arrival.auto:
+        raise click.UsageError("--shard with --rate auto: each shard would search its own "
+                               "rate; give the rates (--rate R1,R2)")
+    if trace:
+        raise click.UsageError("--shard and --trace are alternatives (a trace is replayed by "
+                               "one client)")
+    if turns:
+        raise click.UsageError("--shard and --turns are alternatives (conversations run in "
+                               "one client)")
+    if arrival.rate and arrival.max_concurrency is not None:
+        raise click.UsageError("--shard with --max-concurrency: the cap would apply per shard; "
+                               "leave it out of a sharded rate run")
 
 
 @contextlib.contextmanager

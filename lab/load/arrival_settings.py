@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import model_validator
@@ -11,29 +10,9 @@ from pydantic import model_validator
 from lab.load.arrivals import ArrivalProcess
 from lab.load.client_settings import MAX_CONCURRENCY
 from lab.shared.config_cli import Settings, setting
+from lab.shared.rates import MAX_RATE, parse_rates
 
-#: The highest rate one level may ask for (requests/s).
-MAX_RATE = 100_000.0
-
-
-def parse_rates(value: str) -> tuple[float, ...]:
-    """'10,50,100' -> (10.0, 50.0, 100.0), sorted and unique; ValueError naming the bad item."""
-    items = [v.strip() for v in str(value).split(",")]
-    if not all(items):
-        raise ValueError(f"{value!r} has an empty item (expected requests/s, e.g. 10,50,100)")
-    out = set()
-    for item in items:
-        try:
-            rate = float(item)
-        except ValueError:
-            raise ValueError(f"{item!r} is not a number (expected requests/s, e.g. "
-                             "10,50,100)") from None
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"{item!r} is not a positive finite rate")
-        if rate > MAX_RATE:
-            raise ValueError(f"{item} exceeds the limit of {MAX_RATE:g} requests/s")
-        out.add(rate)
-    return tuple(sorted(out))
+__all__ = ["MAX_RATE", "ArrivalSettings", "parse_arrival", "parse_rate_option", "parse_rates"]
 
 
 def parse_rate_option(value: str) -> tuple[float, ...] | Literal["auto"]:

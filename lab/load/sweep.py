@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from lab.analysis import rundir
@@ -27,6 +28,7 @@ from lab.load.conversation import Conversations, run_conversation_level
 from lab.load.open_loop import run_rate_level
 from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.record import RequestRecord, rows
+from lab.load.stream_share import PickedRequests, StreamShare
 from lab.load.trace import TraceRequest, TraceRequestSet, offered_rate, offsets_ns
 from lab.load.workload import RequestSet, WorkloadSpec
 
@@ -92,6 +94,8 @@ class SweepPlan:
     trace: TracePlan | None = None  # --trace: replay a trace instead of levels
     # --turns/--think-ms: a level's requests are conversations' turns (lab.load.conversation)
     conversations: Conversations = field(default_factory=Conversations)
+    # --shard I/N of a rate level: this client's stream of the level's schedule
+    share: StreamShare | None = None
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -261,10 +265,22 @@ class SweepRunner:
                 options=options, progress=self.progress.update)
             self.last_row = self._save(0, repeat, result, rate)
             return result
-        result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
-                                      max_concurrency=plan.max_concurrency, seed=seed,
-                                      options=options, progress=self.progress.update,
-                                      remote=self.remote)
+        share = plan.share
+        if share is None:
+            result = await run_rate_level(self.url, bodies, offsets, rate=rate, warmup=warmup,
+                                          max_concurrency=plan.max_concurrency, seed=seed,
+                                          options=options, progress=self.progress.update,
+                                          remote=self.remote)
+        else:  # this shard's stream of the level's schedule (lab.load.stream_share)
+            mine = share.pick(n, seed)
+            options = replace(options, request_id_prefix=f"{options.request_id_prefix}"
+                              f"s{share.index}-")
+            result = await run_rate_level(
+                self.url, PickedRequests(bodies, mine), offsets[mine], rate=rate,
+                warmup=int(np.searchsorted(mine, warmup)), seed=share.inner_seed(seed),
+                options=options, progress=self.progress.update, remote=self.remote)
+            for r in result.records:
+                r.index = int(mine[r.index])
         self.last_row = self._save(0, repeat, result, rate)
         return result
 

@@ -66,6 +66,23 @@ def _client_conc(value: str | None, shards: int) -> str | None:
     return ",".join(map(str, levels))
 
 
+def _client_rate(value: str | None, shards: int, conc: str | None) -> str | None:
+    if value is None:
+        return None
+    if not shards:
+        raise click.UsageError("--client-rate needs --client-shards")
+    if conc is not None:
+        raise click.UsageError("--client-conc and --client-rate are alternatives (closed or "
+                               "open loop)")
+    from lab.shared.rates import parse_rates
+
+    try:
+        rates = parse_rates(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--client-rate'") from None
+    return ",".join(f"{r:g}" for r in rates)
+
+
 def _split_args(value: str) -> list[str]:
     import shlex
 
@@ -114,6 +131,10 @@ def render() -> None:
               "joins their run directories). 0: no client.")
 @click.option("--client-conc", default=None, metavar="LIST",
               help="The client's `--conc` levels, each a multiple of N.  [default: N,8N,32N]")
+@click.option("--client-rate", default=None, metavar="LIST",
+              help="The client's `--rate` levels (req/s) instead of --client-conc: each of the "
+              "N pods sends its stream of every level's seeded schedule (N independent "
+              "streams of rate/N).")
 @click.option("--client-args", default="", metavar="ARGS",
               help="More `lab sweep` options for every shard, one shell-quoted string, e.g. "
               "\"--isl 512 --osl 128 --requests 2000\".")
@@ -127,7 +148,8 @@ def render() -> None:
 def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None,
         etcd: str | None, etcd_image: str, sidecar: str, dynamo_image: str, model_path: str,
         resources: tuple[str, ...], client_shards: int, client_conc: str | None,
-        client_args: str, results_claim: str | None, validate_versions: str | None,
+        client_rate: str | None, client_args: str, results_claim: str | None,
+        validate_versions: str | None,
         **kw: Any) -> None:
     """Write Kubernetes manifests of TOPOLOGY (a TOML file as `lab up --topology` takes, or the
     topology flags). Nothing is applied: `kubectl apply -f OUT`."""
@@ -151,6 +173,7 @@ def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None
     opts = dataclasses.replace(
         opts, **_resources(resources), client_shards=client_shards,
         client_conc=_client_conc(client_conc, client_shards),
+        client_rate=_client_rate(client_rate, client_shards, client_conc),
         client_args=tuple(_split_args(client_args)), results_claim=results_claim)
     from launch.k8s.render import render as render_objects
     from launch.k8s.render import write

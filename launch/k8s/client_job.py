@@ -1,6 +1,8 @@
 """The load client as an Indexed Job: N pods, pod I runs `lab sweep --target --shard I/N`.
 
-Each pod waits for the frontend's readiness (an init container polling its /health), meets
+Closed loop (`--conc`), pod I runs C/N slots of every level C; open loop (`--rate`), pod I
+sends stream I of N of every rate level's schedule (`lab.load.stream_share`). Each pod waits
+for the frontend's readiness (an init container polling its /health), meets
 the other shards in etcd (`--barrier`, keyed by the Job's uid so a re-run never meets an old
 one), starts at the shared wall-clock time, and writes its shard's run directory to
 `/results/<job uid>/shard-<I>` on a shared volume; `lab merge /results/<uid>/shard-*` joins
@@ -46,8 +48,9 @@ def client_objects(opts: RenderOptions, names: Names, target: str, model: str, e
             "fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}}},
     ]
     index, uid = k.ref(JOB_INDEX), k.ref(JOB_UID)
-    argv = ["lab", "sweep", "--target", target, "--model", model,
-            "--conc", opts.client_conc or default_conc(n),
+    levels = (["--rate", opts.client_rate] if opts.client_rate
+              else ["--conc", opts.client_conc or default_conc(n)])
+    argv = ["lab", "sweep", "--target", target, "--model", model, *levels,
             "--shard", f"{index}/{n}", "--barrier", f"etcd://{etcd}/{uid}",
             "--out", f"{RESULTS_MOUNT}/{uid}/shard-{index}", "--quiet", "--no-plots",
             *extra, *opts.client_args]

@@ -49,6 +49,8 @@ class RenderOptions:
     # the load client as an Indexed Job of this many shards (0: no Job)
     client_shards: int = 0
     client_conc: str | None = None  # `lab sweep --conc` (multiples of client_shards)
+    # `lab sweep --rate` instead of --conc: each shard sends its stream of every rate level
+    client_rate: str | None = None
     client_args: tuple[str, ...] = ()  # more `lab sweep` options, e.g. ("--isl", "512")
     results_claim: str | None = None  # an existing PVC for the shards' run directories
     engine: Resources = field(default_factory=lambda: Resources("1", "1Gi"))
