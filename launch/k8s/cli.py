@@ -117,6 +117,9 @@ def render() -> None:
 @click.option("--dynamo-image", default=DEFAULT_DYNAMO_IMAGE, show_default=True,
               help="With --sidecar dynamo: the image with Dynamo 1.6.1 (launch/k8s/Dockerfile, "
               "--target dynamo).")
+@click.option("--dynamo-operator", is_flag=True,
+              help="With --sidecar dynamo: render one DynamoGraphDeployment (nvidia.com/v1beta1) "
+              "for Dynamo's operator instead of Deployments, etcd and Services.")
 @click.option("--model-path", default=RenderOptions.model_path, show_default=True,
               help="With --sidecar dynamo: the model directory inside the image "
               "(tokenizer.json, config.json) for Dynamo's --model-path and the mockers' "
@@ -146,7 +149,8 @@ def render() -> None:
               "e.g. 1.30,1.34 (needs the k8s extra); exit 1 naming each problem.")
 @topology_options
 def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None,
-        etcd: str | None, etcd_image: str, sidecar: str, dynamo_image: str, model_path: str,
+        etcd: str | None, etcd_image: str, sidecar: str, dynamo_image: str,
+        dynamo_operator: bool, model_path: str,
         resources: tuple[str, ...], client_shards: int, client_conc: str | None,
         client_rate: str | None, client_args: str, results_claim: str | None,
         validate_versions: str | None,
@@ -169,7 +173,7 @@ def k8s(topology_file: Path | None, out: Path, image: str, namespace: str | None
     opts = RenderOptions(
         image=image, namespace=_checked(check_namespace, namespace, "--namespace"),
         etcd=_checked(check_etcd, etcd, "--etcd"), etcd_image=etcd_image, sidecar=sidecar,
-        dynamo_image=dynamo_image, model_path=model_path)
+        dynamo_image=dynamo_image, dynamo_operator=dynamo_operator, model_path=model_path)
     opts = dataclasses.replace(
         opts, **_resources(resources), client_shards=client_shards,
         client_conc=_client_conc(client_conc, client_shards),

@@ -12,6 +12,7 @@ advertising its pod's IP on the TCP request plane and the ZMQ event plane.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from launch.k8s import objects as k
 from launch.k8s.client_job import client_objects
@@ -43,17 +44,19 @@ def dynamo_env(etcd: str) -> list[k.Obj]:
     })]
 
 
-def sidecar_argv(model_path: str, role: str) -> list[str]:
+def sidecar_argv(model_path: str, role: str, common: Sequence[str] = COMMON) -> list[str]:
+    """`common`: the discovery and request-plane flags (none under Dynamo's operator, which
+    sets them for its platform)."""
     argv = ["python3", "-m", "dynamo.trtllm.sidecar", "--model-path", model_path,
-            "--grpc-endpoint", IN_POD_ENGINE, *COMMON]
+            "--grpc-endpoint", IN_POD_ENGINE, *common]
     if role in MODES:
         argv += ["--disaggregation-mode", MODES[role]]
     return argv
 
 
-def frontend_argv(port: int, router: str) -> list[str]:
+def frontend_argv(port: int, router: str, common: Sequence[str] = COMMON) -> list[str]:
     return ["python3", "-m", "dynamo.frontend", "--http-host", "0.0.0.0", "--http-port",
-            str(port), "--router-mode", router, *COMMON]
+            str(port), "--router-mode", router, *common]
 
 
 def dynamo_objects(spec: TopologySpec, opts: RenderOptions, names: Names) -> list[k.Obj]:
@@ -80,14 +83,19 @@ def dynamo_objects(spec: TopologySpec, opts: RenderOptions, names: Names) -> lis
     return out
 
 
-def _worker(spec: TopologySpec, fleet: FleetSpec, index: int, etcd: str, opts: RenderOptions,
-            names: Names) -> k.Obj:
-    engine = k.container(
+def engine_container(spec: TopologySpec, fleet: FleetSpec, opts: RenderOptions) -> k.Obj:
+    """The lab's mocker as the engine: gRPC on ENGINE_PORT, probed by grpc.health.v1."""
+    return k.container(
         "engine", opts.image, engine_argv(spec, fleet), ports={"grpc": ENGINE_PORT},
         env=k.downward_env(),
         readiness=k.grpc_probe(ENGINE_PORT, "inference"),
         liveness=k.grpc_probe(ENGINE_PORT, "liveness"),
         res=k.resources(opts.engine.cpu, opts.engine.memory))
+
+
+def _worker(spec: TopologySpec, fleet: FleetSpec, index: int, etcd: str, opts: RenderOptions,
+            names: Names) -> k.Obj:
+    engine = engine_container(spec, fleet, opts)
     sidecar = k.container(
         "sidecar", opts.dynamo_image, sidecar_argv(opts.model_path, fleet.role),
         env=dynamo_env(etcd), res=k.resources(opts.sidecar_res.cpu, opts.sidecar_res.memory),

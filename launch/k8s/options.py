@@ -43,6 +43,9 @@ class RenderOptions:
     etcd_image: str = DEFAULT_ETCD_IMAGE
     sidecar: str = "lab"
     dynamo_image: str = DEFAULT_DYNAMO_IMAGE
+    # with sidecar "dynamo": one DynamoGraphDeployment for Dynamo's operator (launch.k8s.dgd)
+    # instead of plain Deployments
+    dynamo_operator: bool = False
     # the model directory inside the image (tokenizer.json + config.json): Dynamo's sidecar
     # needs one (--model-path); the lab's stack uses the topology's `tokenizer`, if any
     model_path: str = "/models/lab"

@@ -11,8 +11,16 @@ from launch.topology import TopologySpec
 
 
 def render(spec: TopologySpec, opts: RenderOptions) -> list[k.Obj]:
-    """Every object of the stack; `opts.sidecar` picks the lab's or Dynamo's arrangement."""
+    """Every object of the stack; `opts.sidecar` picks the lab's or Dynamo's arrangement, and
+    `opts.dynamo_operator` Dynamo's as one DynamoGraphDeployment."""
     names = Names.of(spec)
+    if opts.dynamo_operator:
+        if opts.sidecar != "dynamo":
+            raise ValueError("--dynamo-operator renders Dynamo's arrangement: give --sidecar "
+                             "dynamo")
+        from launch.k8s.dgd import dgd_objects
+
+        return dgd_objects(spec, opts, names)
     if opts.sidecar == "dynamo":
         from launch.k8s.dynamo_stack import dynamo_objects
 

@@ -3,6 +3,8 @@
 `kubernetes-validate` (pinned in the `k8s` and `test` extras) ships the schemas of every
 Kubernetes minor from 1.25 to 1.37 in its 1.37.0 release; strict mode also refuses fields the
 schema does not define (a misspelt field is an error, not silently dropped by the apiserver).
+A DynamoGraphDeployment (`--dynamo-operator`) is checked against Dynamo's CRD schema instead
+(`launch.k8s.crd`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,15 @@ def problems(objects: Iterable[Obj], versions: Iterable[str] = DEFAULT_VERSIONS)
     except ModuleNotFoundError as exc:
         raise ValidationFailed(f"validation needs kubernetes-validate ({exc}); install the "
                                "k8s extra: pip install 'loadlab[k8s]'") from None
+    from launch.k8s.crd import DGD_KIND, dgd_problems
+
     out: list[str] = []
     objects = list(objects)
+    versions = list(versions)
+    for obj in objects:
+        if obj.get("kind") == DGD_KIND:  # Dynamo's custom resource: its CRD's schema
+            out += dgd_problems(obj, versions)
+    objects = [obj for obj in objects if obj.get("kind") != DGD_KIND]
     for version in versions:
         for obj in objects:
             what = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')} (k8s {version})"

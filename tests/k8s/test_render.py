@@ -131,6 +131,10 @@ def test_cli_writes_validated_manifests(tmp_path: Path) -> None:
     (["--client-shards", "2", "--client-conc", "3"], "--client-conc"),
     (["--client-conc", "4"], "--client-shards"),
     (["--client-shards", "2", "--client-args", "'unclosed"], "--client-args"),
+    (["--client-rate", "10"], "--client-shards"),
+    (["--client-shards", "2", "--client-rate", "0"], "--client-rate"),
+    (["--client-shards", "2", "--client-rate", "auto"], "--client-rate"),
+    (["--client-shards", "2", "--client-rate", "10", "--client-conc", "4"], "--client-rate"),
 ])
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], named: str) -> None:
     result = CliRunner().invoke(main, ["render", "k8s", "--out", str(tmp_path / "o"), *args])
@@ -169,3 +173,12 @@ def test_client_job_is_indexed_and_sharded() -> None:
     assert args[args.index("--conc") + 1] == "3,24,96"
     assert args[args.index("--target") + 1] == "http://agg-frontend:8000"
     assert args[args.index("--barrier") + 1] == "etcd://agg-etcd:2379/$(JOB_UID)"
+
+
+def test_client_job_with_rates_splits_streams() -> None:
+    objects = render(aggregated(), RenderOptions(client_shards=3, client_rate="30,90"))
+    args = by_kind(objects, "Job")["agg-client"]["spec"]["template"]["spec"]["containers"][0][
+        "args"]
+    assert args[args.index("--rate") + 1] == "30,90" and "--conc" not in args
+    assert args[args.index("--shard") + 1] == "$(JOB_COMPLETION_INDEX)/3"
+    assert problems(objects, ("1.34",)) == []

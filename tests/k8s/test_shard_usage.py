@@ -21,6 +21,11 @@ from lab.cli import main
     (["--target", "http://127.0.0.1:1", "--shard", "0/2", "--conc", "2",
       "--barrier", "http://h:1/x"], "--barrier"),
     (["--target", "http://127.0.0.1:1", "--barrier", "etcd://h:1/x"], "--shard"),
+    (["--target", "http://127.0.0.1:1", "--shard", "0/2", "--rate", "auto"], "--rate auto"),
+    (["--target", "http://127.0.0.1:1", "--shard", "0/2", "--rate", "10",
+      "--max-concurrency", "4"], "--max-concurrency"),
+    (["--target", "http://127.0.0.1:1", "--shard", "0/2", "--endpoint", "chat",
+      "--turns", "2"], "--turns"),
 ])
 def test_sweep_shard_usage_errors(tmp_path: Path, args: list[str], named: str) -> None:
     result = CliRunner().invoke(main, ["sweep", *args, "--out", str(tmp_path / "o")])
