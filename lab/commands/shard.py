@@ -127,18 +127,31 @@ def plan_shard(settings: ShardSettings, *, target: str | None, concs: list[int],
         barrier=settings.barrier, barrier_timeout_s=settings.barrier_timeout)
 
 
-def start(run_dir: Path, plan: ShardPlan | None) -> None:
-    """Wait at the barrier (if any), then write shard.json with the clock anchor."""
+def start(run_dir: Path, plan: ShardPlan | None) -> int | None:
+    """Meet the others at the barrier (if any) and write shard.json with the clock anchor.
+
+    Closed loop: wait here until the agreed start. Rate levels: return at once with the agreed
+    start on this node's perf_counter clock, for the first rate level to start then
+    (`ClientOptions.start_at_ns`), so that each shard's client process starts in the margin and
+    not after it (a client process takes up to a second to start on a loaded node). None
+    without a barrier, or for the closed loop."""
     if plan is None:
-        return
+        return None
     barrier = None
+    start_at_ns = None
     if plan.barrier:
-        barrier = wait_at_barrier(plan.barrier, plan.shard, plan.barrier_timeout_s)
+        rate = plan.mode == "rate"
+        barrier = wait_at_barrier(plan.barrier, plan.shard, plan.barrier_timeout_s,
+                                  sleep=not rate)
+        if rate:
+            start_at_ns = (time.perf_counter_ns()
+                           + int(barrier["start_wall_ns"]) - time.time_ns())
     wall_ns, mono_ns = time.time_ns(), time.perf_counter_ns()
     (run_dir / SHARD_JSON).write_text(json.dumps({
         **asdict(plan.shard), "mode": plan.mode, "levels": plan.levels, "seed": plan.seed,
         "barrier": barrier,
         "anchor": {"wall_ns": wall_ns, "perf_counter_ns": mono_ns}}, indent=2) + "\n")
+    return start_at_ns
 
 
 # -- the barrier --------------------------------------------------------------------------------
@@ -155,8 +168,10 @@ def _call(endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return out
 
 
-def wait_at_barrier(spec: str, shard: Shard, timeout_s: float) -> dict[str, Any]:
-    """Arrive, wait for all shards, sleep until the common start; returns what was agreed."""
+def wait_at_barrier(spec: str, shard: Shard, timeout_s: float,
+                    sleep: bool = True) -> dict[str, Any]:
+    """Arrive, wait for all shards, and (with `sleep`) sleep until the common start; returns
+    what was agreed (and, having slept, how late this shard woke)."""
     m = _BARRIER.fullmatch(spec)
     assert m is not None  # checked by `sharded`
     endpoint, name = m.groups()
@@ -189,6 +204,8 @@ def wait_at_barrier(spec: str, shard: Shard, timeout_s: float) -> dict[str, Any]
         raise click.ClickException(f"--barrier {spec}: {exc}") from None
     arrivals = [json.loads(base64.b64decode(kv["value"]))["wall_ns"] for kv in kvs]
     start_ns = max(arrivals) + int(START_MARGIN_S * 1e9)
+    if not sleep:
+        return {"start_wall_ns": start_ns}
     delay = (start_ns - time.time_ns()) / 1e9
     if delay > 0:
         time.sleep(delay)

@@ -178,7 +178,15 @@ def _sweep(settings: SweepSettings, client: ClientSettings, topology: dict[str, 
                               quiet=settings.quiet)
         plan.workload = replace(workload, include_usage=info.include_usage)
         run_dir = make_dir(name, settings.out)
-        shard_start(run_dir, shard_plan)
+        if shard_plan is not None:
+            # the sweep's modules load before the barrier, not after the agreed start: an
+            # import on a loaded node takes hundreds of ms, and would start its shard late
+            import uvloop  # noqa: F401
+
+            import lab.load.sweep  # noqa: F401
+        start_at_ns = shard_start(run_dir, shard_plan)
+        if plan.share is not None and start_at_ns is not None:
+            plan.share = replace(plan.share, start_at_ns=start_at_ns)
         return run_target(run_dir, info.url, info.model, plan, settings, topology.get("name"),
                           info.to_dict(), remote=remote)
     elif settings.compare_disagg:

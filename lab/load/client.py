@@ -58,6 +58,9 @@ class ClientOptions:
     # run even a single client process as a child, so its CPU and loop-lag figures are its own
     # (not shared with whatever else the calling process runs, e.g. the launcher)
     isolate: bool = False
+    # open loop: start the level at this perf_counter_ns (system-wide on Linux), if the client
+    # is ready by then: N client shards that met at a barrier start a rate level together
+    start_at_ns: int | None = None
 
 
 @dataclass
@@ -513,10 +516,12 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
 
 async def run_client_processes(ctx: Any, target: Callable[..., None], args: list[tuple],
                                start_message: Callable[[int], Any], done: Any, errors: Any,
-                               total: int | None, progress: Callable[[LevelProgress], None] | None
+                               total: int | None, progress: Callable[[LevelProgress], None] | None,
+                               not_before_ns: int | None = None
                                ) -> tuple[list[RequestRecord], list[dict]]:
     """Start one client process per `args` entry (`target(*args, pipe, parent_pid)`), wait
-    until each says "ready", send each `start_message(start_ns)` (one start for all), report
+    until each says "ready", send each `start_message(start_ns)` (one start for all, no earlier
+    than `not_before_ns`), report
     progress from the shared `done`/`errors` counters, and return the records and client infos
     of all. Interrupted or failed: every child is terminated, then killed, and joined."""
     children = []
@@ -534,7 +539,7 @@ async def run_client_processes(ctx: Any, target: Callable[..., None], args: list
             msg = await asyncio.to_thread(_recv, end, p, stop)
             if msg != "ready":
                 raise RuntimeError(f"client process {p.name} failed to start: {msg}")
-        start_ns = time.perf_counter_ns() + START_DELAY_NS
+        start_ns = max(time.perf_counter_ns() + START_DELAY_NS, not_before_ns or 0)
         for _, end in children:
             end.send(start_message(start_ns))
         async with asyncio.TaskGroup() as tg:

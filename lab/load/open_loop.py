@@ -294,7 +294,8 @@ async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup:
     args = [(url, payloads, mine[k], offsets[mine[k]], warmup, options, caps[k], k, done,
              errors) for k in range(procs)]
     return await run_client_processes(ctx, _child, args, lambda start_ns: start_ns, done,
-                                      errors, len(offsets), progress)
+                                      errors, len(offsets), progress,
+                                      not_before_ns=options.start_at_ns)
 
 
 async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarray, *,
@@ -331,7 +332,9 @@ async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarra
     else:
         driver = _OpenDriver(url, payloads, np.arange(len(offsets)), offsets, warmup, options,
                              max_concurrency)
-        info = await driver.run(progress=progress)
+        start = (None if options.start_at_ns is None
+                 else max(options.start_at_ns, time.perf_counter_ns()))
+        info = await driver.run(start, progress=progress)
         records, infos = driver.records, [info]
     records.sort(key=lambda r: r.index)
     for r in records:

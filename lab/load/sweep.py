@@ -256,7 +256,8 @@ class SweepRunner:
         label = rate_label(rate) + (f" (repeat {repeat + 1}/{plan.repeat})"
                                     if plan.repeat > 1 else "")
         self.progress.start(label)
-        if self.started_ns is None:
+        first = self.started_ns is None  # a shard's first level starts at the agreed time
+        if first:
             self.started_ns = time.perf_counter_ns()
         if plan.conversations.turns > 1:
             result = await run_conversation_level(
@@ -274,7 +275,8 @@ class SweepRunner:
         else:  # this shard's stream of the level's schedule (lab.load.stream_share)
             mine = share.pick(n, seed)
             options = replace(options, request_id_prefix=f"{options.request_id_prefix}"
-                              f"s{share.index}-")
+                              f"s{share.index}-",
+                              start_at_ns=share.start_at_ns if first else None)
             result = await run_rate_level(
                 self.url, PickedRequests(bodies, mine), offsets[mine], rate=rate,
                 warmup=int(np.searchsorted(mine, warmup)), seed=share.inner_seed(seed),
