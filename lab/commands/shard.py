@@ -6,10 +6,11 @@ runs stream I of N of every rate level (`lab.load.stream_share`): the level's wh
 and bodies drawn from the unchanged seed, of which it sends the arrivals `split_streams` gives
 it (N independent Poisson streams of rate/N; together the seed's schedule). With `--barrier` the
 shards meet in etcd before the first level: each puts its wall-clock time under
-`/loadlab/barrier/NAME/`, waits until all N are there, and starts at the latest of them plus
-START_MARGIN_S, the same instant for all. `shard.json` in the run directory records the shard,
-the level map and a (wall clock, perf counter) anchor taken at the start, from which `lab
-merge` puts the shards' perf-counter stamps (one clock per node) on the shared wall clock.
+`/loadlab/barrier/NAME/`, waits until all N are there, and its first level starts at the
+latest of them plus START_MARGIN_S, the same instant for all (its client processes start
+within that margin: `ClientOptions.start_at_ns`). `shard.json` in the run directory records
+the shard, the level map and a (wall clock, perf counter) anchor taken at the start, from which
+`lab merge` puts the shards' perf-counter stamps (one clock per node) on the shared wall clock.
 
 The barrier speaks etcd's JSON gateway (kv/put, kv/range), as the discovery store does.
 """
@@ -130,22 +131,17 @@ def plan_shard(settings: ShardSettings, *, target: str | None, concs: list[int],
 def start(run_dir: Path, plan: ShardPlan | None) -> int | None:
     """Meet the others at the barrier (if any) and write shard.json with the clock anchor.
 
-    Closed loop: wait here until the agreed start. Rate levels: return at once with the agreed
-    start on this node's perf_counter clock, for the first rate level to start then
-    (`ClientOptions.start_at_ns`), so that each shard's client process starts in the margin and
-    not after it (a client process takes up to a second to start on a loaded node). None
-    without a barrier, or for the closed loop."""
+    Returns the agreed start on this node's perf_counter clock, for the first level to start
+    then (`ClientOptions.start_at_ns`): the shard goes on at once, so that its client process
+    starts within the barrier's margin and not after the agreed start (a client process takes
+    up to a second to start on a loaded node). None without a barrier."""
     if plan is None:
         return None
     barrier = None
     start_at_ns = None
     if plan.barrier:
-        rate = plan.mode == "rate"
-        barrier = wait_at_barrier(plan.barrier, plan.shard, plan.barrier_timeout_s,
-                                  sleep=not rate)
-        if rate:
-            start_at_ns = (time.perf_counter_ns()
-                           + int(barrier["start_wall_ns"]) - time.time_ns())
+        barrier = wait_at_barrier(plan.barrier, plan.shard, plan.barrier_timeout_s)
+        start_at_ns = time.perf_counter_ns() + int(barrier["start_wall_ns"]) - time.time_ns()
     wall_ns, mono_ns = time.time_ns(), time.perf_counter_ns()
     (run_dir / SHARD_JSON).write_text(json.dumps({
         **asdict(plan.shard), "mode": plan.mode, "levels": plan.levels, "seed": plan.seed,
@@ -168,10 +164,9 @@ def _call(endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return out
 
 
-def wait_at_barrier(spec: str, shard: Shard, timeout_s: float,
-                    sleep: bool = True) -> dict[str, Any]:
-    """Arrive, wait for all shards, and (with `sleep`) sleep until the common start; returns
-    what was agreed (and, having slept, how late this shard woke)."""
+def wait_at_barrier(spec: str, shard: Shard, timeout_s: float) -> dict[str, Any]:
+    """Arrive and wait for all shards; returns what was agreed: the common start (wall clock
+    ns) and how much of the margin was left when this shard saw the last arrival."""
     m = _BARRIER.fullmatch(spec)
     assert m is not None  # checked by `sharded`
     endpoint, name = m.groups()
@@ -204,9 +199,4 @@ def wait_at_barrier(spec: str, shard: Shard, timeout_s: float,
         raise click.ClickException(f"--barrier {spec}: {exc}") from None
     arrivals = [json.loads(base64.b64decode(kv["value"]))["wall_ns"] for kv in kvs]
     start_ns = max(arrivals) + int(START_MARGIN_S * 1e9)
-    if not sleep:
-        return {"start_wall_ns": start_ns}
-    delay = (start_ns - time.time_ns()) / 1e9
-    if delay > 0:
-        time.sleep(delay)
-    return {"start_wall_ns": start_ns, "late_s": max(0.0, -delay)}
+    return {"start_wall_ns": start_ns, "margin_left_s": (start_ns - time.time_ns()) / 1e9}

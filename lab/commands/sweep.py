@@ -184,9 +184,7 @@ def _sweep(settings: SweepSettings, client: ClientSettings, topology: dict[str, 
             import uvloop  # noqa: F401
 
             import lab.load.sweep  # noqa: F401
-        start_at_ns = shard_start(run_dir, shard_plan)
-        if plan.share is not None and start_at_ns is not None:
-            plan.share = replace(plan.share, start_at_ns=start_at_ns)
+        plan.start_at_ns = shard_start(run_dir, shard_plan)
         return run_target(run_dir, info.url, info.model, plan, settings, topology.get("name"),
                           info.to_dict(), remote=remote)
     elif settings.compare_disagg:

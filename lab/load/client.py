@@ -58,8 +58,8 @@ class ClientOptions:
     # run even a single client process as a child, so its CPU and loop-lag figures are its own
     # (not shared with whatever else the calling process runs, e.g. the launcher)
     isolate: bool = False
-    # open loop: start the level at this perf_counter_ns (system-wide on Linux), if the client
-    # is ready by then: N client shards that met at a barrier start a rate level together
+    # start the level at this perf_counter_ns (system-wide on Linux), if the client is ready by
+    # then: N client shards that met at a barrier start their first level together
     start_at_ns: int | None = None
 
 
@@ -511,7 +511,7 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
 
     total = None if options.duration_s else payloads.n
     return await run_client_processes(ctx, _child, args, start_message, done, errors, total,
-                                      progress)
+                                      progress, not_before_ns=options.start_at_ns)
 
 
 async def run_client_processes(ctx: Any, target: Callable[..., None], args: list[tuple],
@@ -606,7 +606,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
         records, infos = await _run_procs(url, payloads, concurrency, warmup, options, progress)
     else:
         driver = _Driver(url, payloads, concurrency, warmup, options)
-        info = await driver.run(progress)
+        info = await driver.run(progress, start_ns=options.start_at_ns)
         records, infos = driver.records, [info]
     records.sort(key=lambda r: r.index)
     for r in records:

@@ -25,9 +25,6 @@ class StreamShare:
 
     index: int
     count: int
-    # the first rate level's start (perf_counter_ns), agreed at the shards' barrier; None: when
-    # this client is ready
-    start_at_ns: int | None = None
 
     def pick(self, n: int, seed: Sequence[int]) -> np.ndarray:
         """The level indices (ascending) of this shard's arrivals among the level's `n`."""

@@ -96,6 +96,8 @@ class SweepPlan:
     conversations: Conversations = field(default_factory=Conversations)
     # --shard I/N of a rate level: this client's stream of the level's schedule
     share: StreamShare | None = None
+    # --shard with --barrier: the first level's start (perf_counter_ns) the shards agreed on
+    start_at_ns: int | None = None
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
@@ -224,8 +226,7 @@ class SweepRunner:
         label = f"c={concurrency}" + (f" (repeat {repeat + 1}/{plan.repeat})"
                                       if plan.repeat > 1 else "")
         self.progress.start(label)
-        if self.started_ns is None:
-            self.started_ns = time.perf_counter_ns()
+        options = self._first_level_start(options)
         if plan.conversations.turns > 1:
             n_conv = plan.requests_for(concurrency) + warmup
             result = await run_conversation_level(
@@ -238,6 +239,14 @@ class SweepRunner:
                                  progress=self.progress.update, remote=self.remote)
         self.last_row = self._save(concurrency, repeat, result)
         return result
+
+    def _first_level_start(self, options: ClientOptions) -> ClientOptions:
+        """The sweep's first level starts at `plan.start_at_ns` (the shards' agreed start),
+        if any; the others when their client is ready."""
+        if self.started_ns is not None:
+            return options
+        self.started_ns = time.perf_counter_ns()
+        return replace(options, start_at_ns=self.plan.start_at_ns)
 
     async def run_rate(self, rate: float, repeat: int) -> LevelResult:
         """One open-loop level: its seeded schedule (--requests arrivals, or those within
@@ -256,9 +265,7 @@ class SweepRunner:
         label = rate_label(rate) + (f" (repeat {repeat + 1}/{plan.repeat})"
                                     if plan.repeat > 1 else "")
         self.progress.start(label)
-        first = self.started_ns is None  # a shard's first level starts at the agreed time
-        if first:
-            self.started_ns = time.perf_counter_ns()
+        options = self._first_level_start(options)
         if plan.conversations.turns > 1:
             result = await run_conversation_level(
                 self.url, plan.workload, self.model, level_seed(round(rate * 1000), repeat),
@@ -275,8 +282,7 @@ class SweepRunner:
         else:  # this shard's stream of the level's schedule (lab.load.stream_share)
             mine = share.pick(n, seed)
             options = replace(options, request_id_prefix=f"{options.request_id_prefix}"
-                              f"s{share.index}-",
-                              start_at_ns=share.start_at_ns if first else None)
+                              f"s{share.index}-")
             result = await run_rate_level(
                 self.url, PickedRequests(bodies, mine), offsets[mine], rate=rate,
                 warmup=int(np.searchsorted(mine, warmup)), seed=share.inner_seed(seed),

@@ -62,6 +62,11 @@ def _level(run: Path) -> dict:
     return dict(level)
 
 
+def _wall_offset(info: dict) -> int:
+    """A shard's perf_counter stamp + this = its wall-clock time (its shard.json anchor)."""
+    return int(info["anchor"]["wall_ns"]) - int(info["anchor"]["perf_counter_ns"])
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= max(REL_TOLERANCE * max(a, b), ABS_TOLERANCE_MS)
 
@@ -97,6 +102,13 @@ async def test_merged_shards_are_one_client(mode: str, spawn: Callable[..., Proc
     if mode == "conc":
         assert set(b["concurrency"]) == {SHARDS}
         assert all(set(s["concurrency"]) == {1} for s in shard_rows)
+        # each shard sent its first request at the barrier's agreed start
+        for d in dirs:
+            info = json.loads((d / "shard.json").read_text())
+            first = int(_measured(d)["sent_ns"].min()) + _wall_offset(info)
+            late = first - int(info["barrier"]["start_wall_ns"])
+            print(f"{d.name}: first request {late / 1e6:.1f} ms after the agreed start")
+            assert -CLOCK_READS_NS < late < START_SKEW_NS, late
     else:
         # the seed's schedule, request for request: the same bodies' lengths and, per shard,
         # the intended times of the level's schedule from that shard's start
@@ -115,8 +127,8 @@ async def test_merged_shards_are_one_client(mode: str, spawn: Callable[..., Proc
         for d in dirs:
             info = json.loads((d / "shard.json").read_text())
             rows = pd.read_parquet(d / "requests.parquet")
-            wall = int(info["anchor"]["wall_ns"]) - int(info["anchor"]["perf_counter_ns"])
-            level_start = int((rows["intended_ns"] - offsets[rows["index"]]).iloc[0]) + wall
+            level_start = (int((rows["intended_ns"] - offsets[rows["index"]]).iloc[0])
+                           + _wall_offset(info))
             late = level_start - int(info["barrier"]["start_wall_ns"])
             print(f"{d.name}: level start {late / 1e6:.1f} ms after the agreed start")
             # (the agreed start reaches the perf clock through one read of each clock:
