@@ -65,6 +65,9 @@ PARSE_SLACK_NS = 2_000_000
 #: Sends in a row without yielding to the event loop, when the schedule is behind.
 MAX_SENDS_WITHOUT_YIELD = 16
 
+#: A request built ahead of its send: its context, the response it fills, its bytes, its callback.
+_Prepared = tuple[Sent, RawResponse, bytes, Callable[..., None]]
+
 
 class _OpenDriver:
     """One process's share of an open-loop level: its requests at their intended times."""
@@ -100,26 +103,32 @@ class _OpenDriver:
 
     # ----- sending -----
 
-    def _dispatch(self, i: int, intended: int, scheduled: int) -> None:
+    def _prepare(self, i: int, intended: int, scheduled: int) -> _Prepared:
+        """Everything request `i` needs but its send stamp, built before it is due: the
+        record's context, the response it fills, the request's bytes and its callback."""
         data, isl, osl, streaming = self.payloads.get(i)
         ctx = Sent(i, intended, scheduled, isl, osl, streaming)
-        self.inflight += 1
-        raw = RawResponse(sent_ns=time.perf_counter_ns())
-        while self.idle:
-            conn = self.idle.pop()
+        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, i)
+        return (ctx, RawResponse(sent_ns=0), post_request(self.head, rid, data),
+                functools.partial(self._on_response, ctx))
+
+    def _send(self, prepared: _Prepared) -> None:
+        """At the due time: stamp, write on an idle kept-alive connection (or connect), and only
+        then what can wait."""
+        ctx, raw, request, on_response = prepared
+        self.inflight += 1  # before the write: a write that fails completes the request at once
+        raw.sent_ns = time.perf_counter_ns()
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
-                self._write(conn, ctx, raw, data)
+                conn.request(request, raw, ctx.streaming, on_response, self.options.timeout_s)
                 return
         assert self.tg is not None
-        self.tg.create_task(self._connect_and_write(ctx, raw, data))
+        self.tg.create_task(self._connect_and_write(ctx, raw, request, on_response))
 
-    def _write(self, conn: Http1Connection, ctx: Sent, raw: RawResponse, data: bytes) -> None:
-        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, ctx.request_index)
-        remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
-        conn.request(post_request(self.head, rid, data), raw, ctx.streaming,
-                     functools.partial(self._on_response, ctx), max(remaining, 1e-3))
-
-    async def _connect_and_write(self, ctx: Sent, raw: RawResponse, data: bytes) -> None:
+    async def _connect_and_write(self, ctx: Sent, raw: RawResponse, request: bytes,
+                                 on_response: Callable[..., None]) -> None:
         assert self.origin is not None
         origin = self.origin
         try:
@@ -134,7 +143,8 @@ class _OpenDriver:
         else:
             self.conns.add(conn)
             try:
-                self._write(conn, ctx, raw, data)
+                remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
+                conn.request(request, raw, ctx.streaming, on_response, max(remaining, 1e-3))
             except Exception as exc:  # never lose a request: anything unexpected is a row
                 conn.close()
                 raw.error_kind, raw.error_message = "client_error", f"{type(exc).__name__}: {exc}"
@@ -157,7 +167,7 @@ class _OpenDriver:
         self.inflight -= 1
         if self.held and (self.cap is None or self.inflight < self.cap):
             i, intended = self.held.popleft()
-            self._dispatch(i, intended, time.perf_counter_ns())
+            self._send(self._prepare(i, intended, time.perf_counter_ns()))
         if (self.scheduled_all and self.inflight == 0 and not self.held
                 and self.all_done is not None):
             self.all_done.set()
@@ -200,6 +210,7 @@ class _OpenDriver:
         since_yield = 0
         for i, offset in zip(self.indices, self.offsets, strict=True):
             target = start_ns + offset
+            prepared = self._prepare(i, target, target)  # nothing left to build when it is due
             wait = target - SPIN_NS - perf()
             if wait > PARSE_SLACK_NS and self.finished:
                 self._parse(until_ns=target - PARSE_SLACK_NS)
@@ -214,9 +225,9 @@ class _OpenDriver:
                 await asyncio.sleep(0)
                 since_yield = 0
             if self.cap is not None and self.inflight >= self.cap:
-                self.held.append((i, target))
+                self.held.append((i, target))  # prepared again when released, with that time
             else:
-                self._dispatch(i, target, target)
+                self._send(prepared)
             since_yield += 1
         self.scheduled_all = True
 
