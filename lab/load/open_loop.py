@@ -42,19 +42,19 @@ import numpy as np
 from lab.load.arrivals import split_streams
 from lab.load.client import (
     _HEADERS,
-    LOOP_LAG_INTERVAL_S,
     PROGRESS_INTERVAL_S,
     ClientOptions,
     LevelProgress,
     LevelResult,
+    RecordBook,
     RemoteClients,
     _Payloads,
-    build_record,
+    connect_for,
     endpoint_url,
     run_client_processes,
     split_share,
 )
-from lab.load.http1 import Http1Connection, Origin, connect, post_request
+from lab.load.http1 import Http1Connection, Origin, post_request
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse
 
@@ -69,24 +69,18 @@ MAX_SENDS_WITHOUT_YIELD = 16
 _Prepared = tuple[Sent, RawResponse, bytes, Callable[..., None]]
 
 
-class _OpenDriver:
+class _OpenDriver(RecordBook):
     """One process's share of an open-loop level: its requests at their intended times."""
 
     def __init__(self, url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarray,
                  warmup: int, options: ClientOptions, max_concurrency: int | None,
                  proc: int = 0, done: Any = None, errors: Any = None) -> None:
+        super().__init__(options, warmup, proc, done, errors)
         self.url = url
         self.payloads = payloads
         self.indices = [int(i) for i in indices]
         self.offsets = [int(o) for o in offsets]
-        self.warmup = warmup
-        self.options = options
         self.cap = max_concurrency
-        self.proc = proc
-        self.shared_done = done
-        self.shared_errors = errors
-        self.records: list[RequestRecord] = []
-        self.lags_ns: list[int] = []
         self.finished: list[tuple[Sent, RawResponse]] = []
         self.idle: list[Http1Connection] = []
         self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
@@ -98,8 +92,6 @@ class _OpenDriver:
         self.origin: Origin | None = None
         self.head = b""
         self.rid_prefix = options.request_id_prefix.encode()
-        self.done = 0
-        self.errors = 0
 
     # ----- sending -----
 
@@ -130,17 +122,8 @@ class _OpenDriver:
     async def _connect_and_write(self, ctx: Sent, raw: RawResponse, request: bytes,
                                  on_response: Callable[..., None]) -> None:
         assert self.origin is not None
-        origin = self.origin
-        try:
-            conn = await connect(origin, nodelay=self.options.http_nodelay,
-                                 timeout_s=self.options.timeout_s)
-        except TimeoutError as exc:
-            raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
-        except OSError as exc:
-            raw.error_kind = "connect"
-            raw.error_message = (f"cannot connect to {origin.host}:{origin.port}: "
-                                 f"{type(exc).__name__}: {exc}")
-        else:
+        conn = await connect_for(self.origin, self.options, raw)
+        if conn is not None:
             self.conns.add(conn)
             try:
                 remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
@@ -148,9 +131,9 @@ class _OpenDriver:
             except Exception as exc:  # never lose a request: anything unexpected is a row
                 conn.close()
                 raw.error_kind, raw.error_message = "client_error", f"{type(exc).__name__}: {exc}"
+                raw.done_ns = time.perf_counter_ns()
             else:
                 return
-        raw.done_ns = time.perf_counter_ns()
         self._complete(ctx, raw)
 
     def _on_response(self, ctx: Sent, conn: Http1Connection, raw: RawResponse,
@@ -177,27 +160,7 @@ class _OpenDriver:
     def _parse(self, until_ns: int | None = None) -> None:
         perf = time.perf_counter_ns
         while self.finished and (until_ns is None or perf() < until_ns):
-            sent, raw = self.finished.pop(0)
-            rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
-                               warmup=sent.request_index < self.warmup, proc=self.proc)
-            self.records.append(rec)
-            self.done += 1
-            if not rec.ok:
-                self.errors += 1
-            if self.shared_done is not None:
-                with self.shared_done.get_lock():
-                    self.shared_done.value += 1
-                if not rec.ok:
-                    with self.shared_errors.get_lock():
-                        self.shared_errors.value += 1
-
-    async def _lag_ticker(self) -> None:
-        interval_ns = int(LOOP_LAG_INTERVAL_S * 1e9)
-        perf = time.perf_counter_ns
-        while True:
-            t0 = perf()
-            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
-            self.lags_ns.append(max(0, perf() - t0 - interval_ns))
+            self.book(*self.finished.pop(0))
 
     async def _progress_ticker(self, progress: Callable[[LevelProgress], None], t0: int) -> None:
         while True:
@@ -248,7 +211,7 @@ class _OpenDriver:
         try:
             async with asyncio.TaskGroup() as tg:
                 self.tg = tg
-                ticker = tg.create_task(self._lag_ticker())
+                ticker = tg.create_task(self.lag_ticker())
                 prog = tg.create_task(self._progress_ticker(progress, start)) if progress else None
                 await self._schedule(start)
                 if self.inflight or self.held:
