@@ -31,10 +31,18 @@ def compare_rates(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
                     label=f"{label}: TTFT p99 (intended)")
         top_rate = max(top_rate, float(lv["rate"].max()) if len(lv) else 0.0)
     top.plot([0, top_rate], [0, top_rate], ":", color="grey", label="offered")
+    return _finish(fig, top, bottom, path,
+                   "Open loop, runs compared: achieved rate and TTFT vs offered rate",
+                   "TTFT from the intended send (ms)", "offered rate (requests/s)")
+
+
+def _finish(fig: plt.Figure, top: plt.Axes, bottom: plt.Axes, path: Path, title: str,
+            bottom_label: str, x_label: str) -> Path:
+    """Both compare overlays: requests/s above, TTFT below, one x axis."""
     top.set_ylabel("requests/s")
-    top.set_title("Open loop, runs compared: achieved rate and TTFT vs offered rate")
-    bottom.set_ylabel("TTFT from the intended send (ms)")
-    bottom.set_xlabel("offered rate (requests/s)")
+    top.set_title(title)
+    bottom.set_ylabel(bottom_label)
+    bottom.set_xlabel(x_label)
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
@@ -52,11 +60,5 @@ def compare_timelines(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
         top.plot(x, tl["sent"], "-", color=color, label=f"{label}: sent/s")
         top.plot(x, tl["completed"], "--", color=color, label=f"{label}: completed/s")
         bottom.plot(x, tl["ttft_ms_p99"], "-", color=color, label=f"{label}: TTFT p99")
-    top.set_ylabel("requests/s")
-    top.set_title("Trace replays compared, per second")
-    bottom.set_ylabel("TTFT p99 (ms)")
-    bottom.set_xlabel("seconds since the replay's first request")
-    for ax in (top, bottom):
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _finish(fig, top, bottom, path, "Trace replays compared, per second",
+                   "TTFT p99 (ms)", "seconds since the replay's first request")
