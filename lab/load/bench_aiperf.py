@@ -11,9 +11,11 @@ alternating which goes first from one rate to the next, with the same workload (
 ISL 136 / OSL 128 exact in the anchor's tokenizer, ignore_eos + min_tokens), the same count of
 measured requests, the same warm-up and the same cap on requests in flight (AIPerf's
 `--concurrency` beside `--request-rate` is a cap; the lab's is `--max-concurrency`). It prints,
-per rate and tool, the achieved rate (completed requests/s over the measured window), TTFT p50
-and the client's CPU per request: the lab's from its client process (getrusage over the level),
-AIPerf's from its whole process tree (aiperf.sh samples every AIPerf service process).
+per rate and tool, the achieved rate (as AIPerf's request throughput: the measured requests
+completed over the window from the first one's send to the last one's end; the lab's sent rate
+beside it), TTFT p50 and the client's CPU per request: the lab's from its client process
+(getrusage over the level), AIPerf's from its whole process tree (aiperf.sh samples every
+AIPerf service process).
 
 The target is not started or stopped here. Runs go under --out (one directory per run).
 """
@@ -77,7 +79,11 @@ def run_lab(target: str, model: str, tokenizer: Path, out: Path, rate: float, re
           "poisson", "--requests", str(requests), "--warmup", str(cap), "--max-concurrency",
           str(cap), "--seed", str(seed)])
     row = pd.read_csv(out / "levels.csv").iloc[0]
-    return {"achieved": float(row["completed_req_s"]), "sent": float(row["sent_req_s"]),
+    req = pd.read_parquet(out / "requests.parquet", columns=["warmup", "ok", "sent_ns",
+                                                             "done_ns"])
+    req = req[~req["warmup"]]
+    window_s = (req["done_ns"].max() - req["sent_ns"].min()) / 1e9
+    return {"achieved": float(req["ok"].sum() / window_s), "sent": float(row["sent_req_s"]),
             "ttft_p50": float(row["ttft_ms_p50"]), "cpu_ms": float(row["client_cpu_ms_per_req"]),
             "errors": int(row.get("failed", 0) or 0)}
 
