@@ -13,9 +13,10 @@ from typing import Any
 
 from lab.report.shape import load_shape
 
-KINDS = {"closed": "a closed loop (levels: requests in flight)",
-         "rate": "an open loop (levels: offered request rates)",
-         "trace": "a trace replay (the trace's times)"}
+#: What a level is, per kind of shape.
+LEVELS = {"closed": "its levels are requests in flight",
+          "rate": "its levels are offered request rates",
+          "trace": "its level is the trace's own times"}
 
 
 class ShapeMismatch(ValueError):
@@ -65,7 +66,7 @@ def check_shapes(labels: list[str], sweeps: list[dict[str, Any]]) -> list[str]:
     compared; ShapeMismatch naming the runs and their shapes for runs that cannot."""
     kinds = [shape_kind(s) for s in sweeps]
     if len(set(kinds)) > 1:
-        shapes = "; ".join(f"{label} is {KINDS[k]}: {load_shape(s)}"
+        shapes = "; ".join(f"{label}: {load_shape(s)} ({LEVELS[k]})"
                            for label, k, s in zip(labels, kinds, sweeps, strict=True))
         raise ShapeMismatch(
             f"cannot compare runs of different load shapes ({shapes}): their levels are "

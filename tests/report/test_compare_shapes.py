@@ -64,9 +64,9 @@ def test_a_closed_loop_and_a_rate_sweep_are_refused(tmp_path: Path) -> None:
     code, out = _compare(tmp_path / "closed", tmp_path / "rated")
     assert code == 2, out
     assert "cannot compare runs of different load shapes" in out, out
-    assert "closed is a closed loop (levels: requests in flight)" in out, out
-    assert "rated is an open loop (levels: offered request rates): open loop: rates 20, 40/s" \
-        in out, out
+    assert "closed: closed loop (its levels are requests in flight)" in out, out
+    assert "rated: open loop: rates 20, 40/s, poisson arrivals (its levels are offered " \
+        "request rates)" in out, out
     code, out = _compare(tmp_path / "rated", tmp_path / "closed")
     assert code == 2 and "different load shapes" in out, out
 
@@ -76,7 +76,8 @@ def test_a_rate_sweep_and_a_trace_are_refused(tmp_path: Path) -> None:
     open_run(tmp_path / "replay", [40.0], trace_sweep())
     code, out = _compare(tmp_path / "rated", tmp_path / "replay")
     assert code == 2, out
-    assert "replay is a trace replay" in out and "trace replay of t.jsonl" in out, out
+    assert "replay: trace replay of t.jsonl" in out, out
+    assert "(its level is the trace's own times)" in out, out
 
 
 def test_rate_sweeps_compare_by_offered_rate_and_warn_of_another_arrival(tmp_path: Path
