@@ -88,9 +88,10 @@ def run_lab(target: str, model: str, tokenizer: Path, out: Path, rate: float, re
             "errors": int(row.get("failed", 0) or 0)}
 
 
-def run_aiperf(anchors: Path, target: str, model: str, out: Path, rate: float, requests: int,
-               cap: int, seed: int) -> dict:
-    env = {**os.environ, "SERVER_PIDS": ""}  # the client's CPU is what is compared
+def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Path,
+               rate: float, requests: int, cap: int) -> dict:
+    # the client's CPU is what is compared; aiperf.sh finds its venv through ANCHOR_DIR
+    env = {**os.environ, "SERVER_PIDS": "", "ANCHOR_DIR": str(anchor_dir)}
     proc = subprocess.run(
         [str(anchors / "aiperf.sh"), target, model, str(cap), str(requests), str(out),
          "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson"],
@@ -164,8 +165,8 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
                 results[tool] = run_lab(target, model, tokenizer, run_dir, rate, requests, cap,
                                         seed)
             else:
-                results[tool] = run_aiperf(anchors, target, model, run_dir, rate, requests, cap,
-                                           seed)
+                results[tool] = run_aiperf(anchors, anchor_dir, target, model, run_dir, rate,
+                                           requests, cap)
         lab, ai = results["lab"], results["aiperf"]
         for tool in ("lab", "aiperf"):
             click.echo(_row(rate, tool, results[tool]))
