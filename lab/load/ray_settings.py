@@ -9,23 +9,13 @@ from pydantic import model_validator
 
 from lab.load.client_settings import MAX_CLIENT_PROCS
 from lab.shared.config_cli import MAX_SECONDS, Settings, setting
+from lab.shared.ray_connect import parse_address
 
 #: The CPUs a client actor's placement-group bundle may ask for.
 MAX_CLIENT_CPUS = 1024.0
 #: Clock pings per client actor per level; the one with the smallest round trip gives the offset.
 DEFAULT_CLOCK_PINGS = 8
 MAX_CLOCK_PINGS = 1000
-
-
-def parse_address(value: str) -> str:
-    """`auto` or HOST:PORT (the head's GCS address); ValueError naming the bad input."""
-    value = value.strip()
-    if value == "auto":
-        return value
-    host, sep, port = value.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"{value!r}: expected auto or HOST:PORT (the Ray head's address)")
-    return value
 
 
 class RaySettings(Settings):
