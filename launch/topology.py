@@ -41,6 +41,7 @@ TOML layout (every key optional):
     speedup = 500.0               # per-fleet overrides of the defaults above
     engine_args = { num_gpu_blocks = 4096 }   # merged over the top-level engine_args
     host = "gpu1"                 # run this fleet inside host gpu1 (default: the root namespace)
+    ray_resource = "gpu_node"     # with --ray: on a Ray node with this resource (docs/ray.md)
 
     # Hosts: Linux network namespaces on this machine (launch.netns), joined by a bridge,
     # MTU 1500, addresses in 10.213.N.0/24. Shaping keys: launch.linkshape (rate/burst/queue
@@ -49,6 +50,11 @@ TOML layout (every key optional):
     [hosts.fe]
     [hosts.gpu1]
     rate = "1gbit"
+
+    # Ray (`lab up --ray`, `lab sweep --ray`; docs/ray.md): a fleet or the frontend with a
+    # ray_resource runs on a Ray node advertising that custom resource, as a child of the
+    # node's agent actor; without one it runs where the launcher runs.
+    frontend_ray_resource = "fe_node"
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class FleetSpec:
     extra_mocker_args: list[str] = field(default_factory=list)
     extra_sidecar_args: list[str] = field(default_factory=list)  # e.g. ["--grace-period", "1"]
     host: str | None = None  # a key of TopologySpec.hosts; None = the root namespace
+    #: with --ray: the custom resource of the Ray node it runs on; None = the launcher's machine
+    ray_resource: str | None = None
 
 
 # Keys of FleetSpec that a topology can set for all fleets at once.
@@ -136,6 +144,8 @@ class TopologySpec:
     # host name -> its `[hosts.NAME]` table as written (shaping keys, launch.linkshape)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     frontend_host: str | None = None
+    #: with --ray: the custom resource of the Ray node the frontend runs on (None: local)
+    frontend_ray_resource: str | None = None
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -216,6 +226,34 @@ class TopologySpec:
                 out.append((fleet, f"{index}" if fleet.role == "aggregated"
                             else f"{fleet.role}-{index}"))
         return out
+
+    def ray_resources(self) -> dict[str, str]:
+        """process name -> the Ray resource of the node it runs on, for those placed on Ray."""
+        out = {}
+        for fleet, suffix in self.workers():
+            if fleet.ray_resource is not None:
+                out[f"engine-{suffix}"] = out[f"sidecar-{suffix}"] = fleet.ray_resource
+        if self.frontend_ray_resource is not None:
+            out["frontend"] = self.frontend_ray_resource
+        return out
+
+    def check_ray(self, address: str | None) -> None:
+        """TopologyError when the Ray placement cannot run: placed without --ray, or with
+        hosts, or with a file registry (the other nodes find the workers through etcd)."""
+        placed = self.ray_resources()
+        if not placed:
+            return
+        what = ", ".join(sorted(set(placed.values())))
+        if address is None:
+            raise TopologyError(f"the topology places processes on Ray nodes (ray_resource "
+                                f"{what}): pass --ray ADDRESS|auto")
+        if self.hosts:
+            raise TopologyError("hosts (network namespaces) and Ray placement (ray_resource) "
+                                "cannot be combined in one topology")
+        if self.discovery is not None and not self.discovery.startswith("etcd"):
+            raise TopologyError(f"discovery: {self.discovery!r}: processes on Ray nodes find "
+                                "each other through etcd: use etcd (a local etcd for the run, "
+                                "the default with Ray placement) or etcd://HOST:PORT")
 
     def validate(self) -> None:
         """Raise TopologyError naming the first bad setting."""
@@ -412,6 +450,10 @@ def _validate_topology(
         _check_bool(getattr(sockets, key), ("sockets", key), loc)
     _check_int(sockets.pool_size, ("sockets", "pool_size"), loc, 1, 1024)
     _validate_hosts(spec, loc)
+    _check_ray_resource(spec.frontend_ray_resource, ("frontend_ray_resource",), loc)
+    if spec.frontend_ray_resource is not None and spec.frontend_host is not None:
+        raise loc.error(("frontend_host",), "the frontend runs in a host or on a Ray node "
+                        "(frontend_ray_resource), not both")
     if not spec.fleets:
         raise loc.error(("fleet",), "at least one fleet is needed")
     for index, fleet in enumerate(spec.fleets):
@@ -439,6 +481,10 @@ def _validate_topology(
             if not _str_list(getattr(fleet, key)):
                 raise loc.error(fleet_key(index, key), "expected a list of strings")
         _check_host_ref(spec, fleet.host, fleet_key(index, "host"), loc)
+        _check_ray_resource(fleet.ray_resource, fleet_key(index, "ray_resource"), loc)
+        if fleet.ray_resource is not None and fleet.host is not None:
+            raise loc.error(fleet_key(index, "host"), "a fleet runs in a host or on a Ray node "
+                            "(ray_resource), not both")
     roles = {f.role for f in spec.fleets}
     if "aggregated" in roles and len(roles) > 1:
         raise loc.error(("fleet",), "aggregated fleets cannot be mixed with prefill/decode fleets")
@@ -478,6 +524,19 @@ def _check_host_ref(spec: TopologySpec, host: Any, key: tuple, loc: _Locator) ->
     if not isinstance(host, str) or host not in spec.hosts:
         known = ", ".join(spec.hosts) or "none declared; add a [hosts.NAME] table"
         raise loc.error(key, f"{host!r}: unknown host (hosts: {known})")
+
+
+#: A Ray custom resource name, as `ray start --resources` takes it.
+_RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+def _check_ray_resource(value: Any, key: tuple, loc: _Locator) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not _RAY_RESOURCE.fullmatch(value) or value in (
+            "CPU", "GPU", "memory", "object_store_memory"):
+        raise loc.error(key, f"{value!r}: expected a custom resource name (letters, digits, "
+                        "'_', '.', '-'; not CPU/GPU/memory)")
 
 
 def _check_system(spec: TopologySpec, loc: _Locator) -> None:

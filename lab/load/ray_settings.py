@@ -23,7 +23,8 @@ class RaySettings(Settings):
 
     ray: str | None = setting(
         None, "Run the load client's processes as Ray actors on this cluster (`auto`: the "
-        "cluster `ray start` runs here; or its GCS address HOST:PORT). Needs "
+        "cluster `ray start` runs here; or its GCS address HOST:PORT), and the processes the "
+        "topology places on Ray nodes (`ray_resource`) under those nodes' agents. Needs "
         "`pip install 'loadlab[ray]'`.", metavar="ADDRESS|auto", parse=parse_address,
         default_text="local processes")
     ray_client_nodes: int | None = setting(
