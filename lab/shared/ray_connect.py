@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,11 +55,18 @@ def connect(address: str) -> bool:
             socket.create_connection((host, int(port)), timeout=CONNECT_CHECK_S).close()
         except OSError as exc:
             raise RayConnectError(f"--ray {address}: cannot connect: {exc}") from None
+    # ray.init replaces the SIGTERM handler with one that exits at once: the caller's own
+    # (e.g. `lab up`'s, which tears the stack down first) is put back
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  logging_level=logging.WARNING, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayConnectError(f"--ray {address}: cannot connect: {exc}") from None
+    finally:
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return True
 
 
