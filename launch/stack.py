@@ -89,9 +89,11 @@ class Stack:
     # -- public API -----------------------------------------------------------------------------
 
     def processes(self) -> list[ProcessView]:
-        local = [] if self.supervisor is None else [p.view() for p in self.supervisor.processes]
         remote = [] if self.ray_fleet is None else self.ray_fleet.views()
-        return self._in_spec_order(local + remote)
+        return self._in_spec_order(self._local_views() + remote)
+
+    def _local_views(self) -> list[ProcessView]:
+        return [] if self.supervisor is None else [p.view() for p in self.supervisor.processes]
 
     def _in_spec_order(self, views: list[ProcessView]) -> list[ProcessView]:
         """Engines, sidecars, the frontend, in the topology's order (wherever they run)."""
@@ -151,7 +153,8 @@ class Stack:
             programs=self.programs, on_change=self._save_state, placement=self.placement,
             names=self._local_names(remote) if remote else None,
         )
-        self.sampler = Sampler(self.processes, self.run_dir / "procs.parquet",
+        # this machine's processes; the Ray nodes' agents sample theirs (_remote_samples)
+        self.sampler = Sampler(self._local_views, self.run_dir / "procs.parquet",
                                interval_s=self.sample_interval_s)
         self.state = "starting"
         self._save_state()

@@ -55,8 +55,9 @@ def connect(address: str) -> bool:
             socket.create_connection((host, int(port)), timeout=CONNECT_CHECK_S).close()
         except OSError as exc:
             raise RayConnectError(f"--ray {address}: cannot connect: {exc}") from None
-    # ray.init replaces the SIGTERM handler with one that exits at once: the caller's own
-    # (e.g. `lab up`'s, which tears the stack down first) is put back
+    # ray.init replaces the SIGTERM handler with one that exits at once (SystemExit): a
+    # handler the caller had installed (e.g. `lab up`'s, which tears the stack down in order)
+    # is put back
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
@@ -65,7 +66,7 @@ def connect(address: str) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayConnectError(f"--ray {address}: cannot connect: {exc}") from None
     finally:
-        if main and previous is not None:
+        if main and callable(previous):
             signal.signal(signal.SIGTERM, previous)
     return True
 

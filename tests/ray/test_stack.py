@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -128,8 +127,10 @@ def test_sweep_through_the_stack_placed_over_three_nodes(
     # the agents' CPU samples are in procs.parquet, and the level's server CPU from them
     import pandas as pd
 
-    sampled = set(pd.read_parquet(run / "procs.parquet")["name"])
-    assert sampled == set(PLACED), sampled
+    procs = pd.read_parquet(run / "procs.parquet")
+    assert set(procs["name"]) == set(PLACED), set(procs["name"])
+    # each sample once (from its agent), on the driver's clock
+    assert not procs.duplicated(["name", "t_ns"]).any()
     assert pd.read_csv(run / "levels.csv")["server_cpu_ms_per_req"].iloc[0] > 0
     assert wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
 
@@ -187,6 +188,8 @@ def test_lab_fault_kill_and_freeze_on_ray_nodes(
     assert down.returncode == 0, down.stderr
     final = json.loads((run / "state.json").read_text())
     assert final["state"] == "stopped"
+    # the supervisor tore down and returned (Ray's own SIGTERM handler would have exited it)
+    assert "[lab up] stopped; run dir" in (run / "supervisor.log").read_text()
     assert all(p["state"] == "stopped" for p in final["processes"]), final["processes"]
     # nothing of the run is left: its processes (every incarnation) and the agents
     wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
