@@ -292,7 +292,8 @@ def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
             restart_engine="on-failure", restart_sidecar="never", model="m-5",
             tokenizer=str(tokenizer), migration_limit=3, enforce_disagg=False, name="n-1",
             ready_timeout=12.5, grace=0.5)],
-        "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup")],
+        "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup",
+                            ray="127.0.0.1:6379")],
         "NagleSettings": [dict(
             out=tmp_path / "nagle", requests=50, arms="control,suspect", gap_ms="5,10", many=8,
             threshold_ms=12.5, speedup=250.0, isl=16, osl=8, seed=3, warmup=2, timeout_s=30.0,
