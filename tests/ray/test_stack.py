@@ -201,11 +201,49 @@ def test_lab_fault_kill_and_freeze_on_ray_nodes(
     assert exits[0]["code"] == -9 and node_index(ray_cluster, exits[0]["node"]) == 1
 
 
+def test_an_agent_killed_takes_its_processes(
+        ray_cluster: RayCluster, topology: Path, tmp_path: Path) -> None:
+    """The processes are the actor's children: SIGKILL the decode node's agent and its engine
+    and sidecar die with it (lab.shared.pdeath); the run records the loss and stops cleanly."""
+    run = tmp_path / "run"
+    up = lab("up", "--detach", "--topology", str(topology), "--ray", ray_cluster.address,
+             "--out", str(run), timeout=180)
+    try:
+        assert up.returncode == 0, up.stderr + (run / "supervisor.log").read_text()
+        state = json.loads((run / "state.json").read_text())
+        agent = next(a for a in state["ray"]["agents"] if a["agent"] == "ray-node2")
+        children = [(p["pid"], p["create_time"]) for p in state["processes"]
+                    if p["name"] in agent["processes"]]
+        assert len(children) == 2
+        psutil.Process(agent["pid"]).kill()
+        wait_until(lambda: not any(alive(*c) for c in children), "the agent's children gone", 30)
+
+        def recorded() -> dict | None:
+            now = json.loads((run / "state.json").read_text())
+            lost = next(a for a in now["ray"]["agents"] if a["agent"] == "ray-node2")["lost"]
+            return now if lost else None
+
+        now = wait_until(recorded, "the lost agent in state.json", 30)
+        states = {p["name"]: p["state"] for p in now["processes"]}
+        assert states["engine-decode-0"] == states["sidecar-decode-0"] == "exited"
+        assert states["engine-prefill-0"] == "ready"
+        fault = lab("fault", str(run), "--process", "engine-decode-0", "--kind", "kill")
+        assert fault.returncode == 1 and "lost" in fault.stderr, fault.stderr
+    finally:
+        down = lab("down", str(run))
+    assert down.returncode == 0, down.stderr
+    wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
+    lost = [e for e in read_events(run / "events.jsonl")
+            if e["event"] == "exit" and e["name"] == "ray-node2" and e.get("reason")]
+    assert lost and "lost" in lost[0]["reason"]
+
+
 def test_placement_needs_ray(topology: Path, tmp_path: Path) -> None:
-    out = lab("up", "--topology", str(topology), "--out", str(tmp_path / "run"))
-    assert out.returncode == 2
-    assert "places processes on Ray nodes" in out.stderr and "--ray" in out.stderr
-    assert "Traceback" not in out.stderr
+    for command in ("up", "sweep"):
+        out = lab(command, "--topology", str(topology), "--out", str(tmp_path / command))
+        assert out.returncode == 2, out.stderr
+        assert "places processes on Ray nodes" in out.stderr and "--ray" in out.stderr
+        assert "Traceback" not in out.stderr
 
 
 @pytest.fixture(autouse=True)
