@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, Settings, options, setting
-from lab.shared.ray_connect import parse_address
+from lab.shared.ray_connect import ray_address_setting
 from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
 from launch.clean import _kill_group_of, leftovers_of
 from launch.cli_options import spec_from_options, topology_options
@@ -220,12 +220,9 @@ class UpSettings(Settings):
     supervise: Path | None = setting(
         None, "Internal: the detached supervisor of a prepared run directory.", hidden=True,
         path=click.Path(file_okay=False, path_type=Path))
-    ray: str | None = setting(
-        None, "Run the processes the topology places on Ray nodes (a fleet's `ray_resource`, "
-        "`frontend_ray_resource`) on this cluster (`auto`: the cluster `ray start` runs here; "
-        "or its GCS address HOST:PORT), each node's under an agent actor (docs/ray.md). Needs "
-        "`pip install 'loadlab[ray]'`.", metavar="ADDRESS|auto", parse=parse_address,
-        default_text="everything here")
+    ray: str | None = ray_address_setting(
+        "the processes the topology places on Ray nodes (a fleet's `ray_resource`, "
+        "`frontend_ray_resource`), each node's under an agent actor", "everything here")
 
 
 @click.command()

@@ -9,7 +9,7 @@ from pydantic import model_validator
 
 from lab.load.client_settings import MAX_CLIENT_PROCS
 from lab.shared.config_cli import MAX_SECONDS, Settings, setting
-from lab.shared.ray_connect import parse_address
+from lab.shared.ray_connect import ray_address_setting
 
 #: The CPUs a client actor's placement-group bundle may ask for.
 MAX_CLIENT_CPUS = 1024.0
@@ -21,12 +21,9 @@ MAX_CLOCK_PINGS = 1000
 class RaySettings(Settings):
     """The load client as Ray async actors, one per client node (`--ray`)."""
 
-    ray: str | None = setting(
-        None, "Run the load client's processes as Ray actors on this cluster (`auto`: the "
-        "cluster `ray start` runs here; or its GCS address HOST:PORT), and the processes the "
-        "topology places on Ray nodes (`ray_resource`) under those nodes' agents. Needs "
-        "`pip install 'loadlab[ray]'`.", metavar="ADDRESS|auto", parse=parse_address,
-        default_text="local processes")
+    ray: str | None = ray_address_setting(
+        "the load client's processes as Ray actors, and the processes the topology places on "
+        "Ray nodes (`ray_resource`) under those nodes' agents,", "local processes")
     ray_client_nodes: int | None = setting(
         None, "With --ray: client actors, one placement-group bundle each, spread over the "
         "nodes (each level's concurrency and rates are split over them).", ge=1,

@@ -34,6 +34,17 @@ def parse_address(value: str) -> str:
     return value
 
 
+def ray_address_setting(what: str, default_text: str) -> str | None:
+    """The `--ray ADDRESS|auto` field of a command's settings (`lab up`, `lab sweep`): `what`
+    says what runs on the cluster."""
+    from lab.shared.config_cli import setting
+
+    return setting(
+        None, f"Run {what} on this Ray cluster (`auto`: the cluster `ray start` runs here; or "
+        "its GCS address HOST:PORT); docs/ray.md. Needs `pip install 'loadlab[ray]'`.",
+        metavar="ADDRESS|auto", parse=parse_address, default_text=default_text)
+
+
 def ray_environment() -> None:
     """The process environment the lab runs Ray in: no usage-stats reporting."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

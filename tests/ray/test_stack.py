@@ -92,6 +92,14 @@ def registered(discovery: str) -> set[str]:
     return asyncio.run(names())
 
 
+def up_placed(cluster: RayCluster, topology: Path, run: Path) -> dict[str, Any]:
+    """`lab up --detach` of the placed topology; its state.json."""
+    up = lab("up", "--detach", "--topology", str(topology), "--ray", cluster.address,
+             "--out", str(run), timeout=180)
+    assert up.returncode == 0, up.stderr + (run / "supervisor.log").read_text()
+    return dict(json.loads((run / "state.json").read_text()))
+
+
 def assert_placed(cluster: RayCluster, state: dict[str, Any]) -> dict[str, dict]:
     """Each process on the node the topology names, under the agent on that node; the agents
     by name."""
@@ -138,11 +146,8 @@ def test_sweep_through_the_stack_placed_over_three_nodes(
 def test_lab_fault_kill_and_freeze_on_ray_nodes(
         ray_cluster: RayCluster, topology: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
-    up = lab("up", "--detach", "--topology", str(topology), "--ray", ray_cluster.address,
-             "--out", str(run), timeout=180)
     try:
-        assert up.returncode == 0, up.stderr + (run / "supervisor.log").read_text()
-        state = json.loads((run / "state.json").read_text())
+        state = up_placed(ray_cluster, topology, run)
         agents = assert_placed(ray_cluster, state)
         # each process is a child of its node's agent, the Ray actor
         for p in state["processes"]:
@@ -206,11 +211,8 @@ def test_an_agent_killed_takes_its_processes(
     """The processes are the actor's children: SIGKILL the decode node's agent and its engine
     and sidecar die with it (lab.shared.pdeath); the run records the loss and stops cleanly."""
     run = tmp_path / "run"
-    up = lab("up", "--detach", "--topology", str(topology), "--ray", ray_cluster.address,
-             "--out", str(run), timeout=180)
     try:
-        assert up.returncode == 0, up.stderr + (run / "supervisor.log").read_text()
-        state = json.loads((run / "state.json").read_text())
+        state = up_placed(ray_cluster, topology, run)
         agent = next(a for a in state["ray"]["agents"] if a["agent"] == "ray-node2")
         children = [(p["pid"], p["create_time"]) for p in state["processes"]
                     if p["name"] in agent["processes"]]
