@@ -238,6 +238,7 @@ def up(run: UpSettings, **kwargs: Any) -> None:
       lab up --engines 2 --speedup 0
       lab up --disagg --prefill 1 --decode 2 --restart-engine on-failure
       lab up --topology exp.toml --detach
+      lab up --topology placed.toml --ray auto   fleets on Ray nodes (docs/ray.md)
     """
     _install_uvloop()
     out, detach, supervise = run.out, run.detach, run.supervise

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,9 +190,14 @@ class RayFleet:
                 self._lose(agent, exc)
 
     async def _poll_loop(self) -> None:
+        """Until cancelled; a failure here is an error event, never the stack's end."""
         while True:
             await asyncio.sleep(POLL_S)
-            self._collect(await self._poll_all())
+            try:
+                self._collect(await self._poll_all())
+            except Exception:
+                self.events.emit("error", "ray-fleet", os.getpid(),
+                                 detail=traceback.format_exc())
 
     async def _poll_all(self, sample_now: bool = False) -> list[tuple[_Agent, Any]]:
         live = [a for a in self.agents if a.lost is None and a.actor is not None]
@@ -238,7 +245,8 @@ class RayFleet:
         """Every agent tears its processes down (at once), then its actor is killed."""
         if self._poller is not None:
             self._poller.cancel()
-        live = [a for a in self.agents if a.lost is None and a.actor is not None]
+        # an agent no node took has nothing to stop (kill_all_now removes it)
+        live = [a for a in self.agents if a.lost is None and a.actor is not None and a.where]
 
         async def one(agent: _Agent) -> None:
             try:
