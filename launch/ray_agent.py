@@ -1,11 +1,12 @@
 """A Ray node's agent: the actor that runs that node's share of the topology (`--ray`).
 
-The agent is a Ray async actor (`launch.ray_fleet` creates one per ray_resource of the
-topology, on a node advertising it). Inside it runs the launcher's own `Supervisor` on the
-processes placed there, and a `Sampler` on them: the same spawn (own process group, log file,
-`lab.shared.pdeath`), ready lines, readiness probes, restart policies, backoff and faults as a
-local run. The processes are the actor's children: its event-loop thread spawns them, so when
-the actor's process dies (ray.kill, its node lost, its driver gone) the kernel signals them.
+The agent is a Ray async actor (`launch.ray_fleet` creates one per place of the topology,
+`ray_resource` and `ray_labels`, on a node that has them). Inside it runs the launcher's own
+`Supervisor` on the processes placed there, and a `Sampler` on them: the same spawn (own process
+group, log file, `lab.shared.pdeath`), ready lines, readiness probes, restart policies, backoff
+and faults as a local run. The processes are the actor's children: its event-loop thread spawns
+them, so when the actor's process dies (ray.kill, its node lost, its driver gone) the kernel
+signals them.
 
 The driver talks to it through four calls: `start` (spawn and wait for readiness), `poll` (the
 processes' views, the events and CPU/RSS samples since the last poll), `fault` and `stop`. Each

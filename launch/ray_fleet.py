@@ -1,9 +1,10 @@
 """The processes a topology places on Ray nodes (`lab up --ray`, `lab sweep --ray`; docs/ray.md).
 
-Each distinct `ray_resource` of the topology (a fleet's, or the frontend's
-`frontend_ray_resource`) gets one agent, a `launch.ray_agent.NodeAgent` actor that asks for a
-small share of that custom resource (and no CPU), so Ray schedules it on a node advertising the
-resource. The agent supervises the processes placed there as its children; Ray places and keeps
+Each distinct place of the topology (a fleet's `ray_resource` and `ray_labels`, or the
+frontend's `frontend_ray_resource` and `frontend_ray_labels`: a `launch.topology.RayPlace`) gets
+one agent, a `launch.ray_agent.NodeAgent` actor that asks for a small share of that custom
+resource (and no CPU) and those labels (a label selector), so Ray schedules it on a node that
+has them. The agent supervises the processes placed there as its children; Ray places and keeps
 the actors, and when one dies its processes die with it. This module is the driver's side:
 
 - `start`: create the agents, measure each one's clock offset (NTP-style, min RTT), start them
@@ -34,7 +35,7 @@ from lab.shared.ray_connect import ClockOffset, RayConnectError, connect, measur
 from launch.errors import LaunchError
 from launch.events import EventLog
 from launch.process import ProcessView
-from launch.topology import TopologySpec
+from launch.topology import RayPlace, TopologySpec
 
 #: The share of its custom resource an agent asks for: room for others that ask for it too.
 AGENT_RESOURCE_UNITS = 0.001
@@ -46,13 +47,9 @@ CLOCK_PINGS = 8
 _STAMPS = ("t_ns",)
 
 
-def agent_name(resource: str) -> str:
-    return f"ray-{resource}"
-
-
 @dataclass
 class _Agent:
-    resource: str
+    place: RayPlace
     names: list[str]
     actor: Any = None
     where: dict[str, Any] = field(default_factory=dict)
@@ -62,7 +59,16 @@ class _Agent:
 
     @property
     def name(self) -> str:
-        return agent_name(self.resource)
+        return self.place.agent
+
+    def options(self) -> dict[str, Any]:
+        """The actor's options: its place's resource (a small share) and labels, no CPU."""
+        opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 64}
+        if self.place.resource is not None:
+            opts["resources"] = {self.place.resource: AGENT_RESOURCE_UNITS}
+        if self.place.labels:
+            opts["label_selector"] = dict(self.place.labels)
+        return opts
 
     async def ping(self) -> int:
         return int(await self.actor.clock.remote())
@@ -86,10 +92,10 @@ class RayFleet:
         self.sample_interval_s = sample_interval_s
         self.on_samples = on_samples
         self.on_change = on_change
-        by_resource: dict[str, list[str]] = {}
-        for name, resource in spec.ray_resources().items():
-            by_resource.setdefault(resource, []).append(name)
-        self.agents = [_Agent(r, names) for r, names in by_resource.items()]
+        by_place: dict[RayPlace, list[str]] = {}
+        for name, place in spec.ray_placement().items():
+            by_place.setdefault(place, []).append(name)
+        self.agents = [_Agent(p, names) for p, names in by_place.items()]
         self._connected = False
         self._poller: asyncio.Task | None = None
 
@@ -119,25 +125,24 @@ class RayFleet:
         remote_cls = ray.remote(NodeAgent)
         spec = self.spec.to_dict()
         for agent in self.agents:
-            agent.actor = remote_cls.options(
-                num_cpus=0, resources={agent.resource: AGENT_RESOURCE_UNITS},
-                max_concurrency=64).remote(spec, str(self.run_dir.resolve()), discovery,
-                                           agent.names, agent.name, self.sample_interval_s)
+            agent.actor = remote_cls.options(**agent.options()).remote(
+                spec, str(self.run_dir.resolve()), discovery, agent.names, agent.name,
+                self.sample_interval_s)
         timeout = self.spec.ready_timeout_s
         for agent in self.agents:
             try:
                 agent.where = await asyncio.wait_for(agent.actor.where.remote(), timeout)
             except TimeoutError:
-                raise LaunchError(agent.name, f"no Ray node with the resource "
-                                  f"{agent.resource!r} took its agent within {timeout:g} s "
-                                  f"(`ray start --resources '{{\"{agent.resource}\": 1}}'` on "
-                                  "the node meant for it)") from None
+                raise LaunchError(agent.name, f"no Ray node with {agent.place.describe()} took "
+                                  f"its agent within {timeout:g} s (`ray start --resources` / "
+                                  "`--labels` on the node meant for it)") from None
             except ray.exceptions.RayError as exc:
                 raise LaunchError(agent.name, f"its agent did not start: {exc}") from None
             agent.clock = await measure_offset(agent.ping, CLOCK_PINGS)
             self.events.emit("start", agent.name, agent.where.get("pid"), role="ray-agent",
                              node=agent.where.get("node_id"), address=agent.where.get("address"),
-                             resource=agent.resource, processes=agent.names,
+                             resource=agent.place.resource,
+                             labels=dict(agent.place.labels), processes=agent.names,
                              clock_offset_ns=agent.clock.offset_ns,
                              clock_error_ns=agent.clock.error_ns)
         results = await asyncio.gather(*(a.actor.start.remote() for a in self.agents))
@@ -161,7 +166,8 @@ class RayFleet:
 
     def describe(self) -> list[dict[str, Any]]:
         """For state.json: each agent's resource, node, pid, processes and clock."""
-        return [{"agent": a.name, "resource": a.resource, "processes": a.names, **a.where,
+        return [{"agent": a.name, "resource": a.place.resource, "labels": dict(a.place.labels),
+                 "processes": a.names, **a.where,
                  "clock_offset_ns": a.clock.offset_ns if a.clock else None,
                  "clock_error_ns": a.clock.error_ns if a.clock else None, "lost": a.lost}
                 for a in self.agents]

@@ -12,10 +12,10 @@ __aexit__ tears down (SIGTERM, grace, SIGKILL), writes procs.parquet and the fin
 With hosts (TopologySpec.hosts), the network namespaces, bridge and links are created before any
 process starts (launch.netns.NetworkLab) and removed last: processes, then etcd, then the network.
 
-With `ray_address` (`--ray`), the processes the topology places on Ray nodes (`ray_resource`)
-run under those nodes' agents (launch.ray_fleet), the rest here; discovery is etcd (a local one
-by default, listening on this machine's cluster address too), and every process binds its
-node's address so that the others reach it.
+With `ray_address` (`--ray`), the processes the topology places on Ray nodes (`ray_resource`,
+`ray_labels`) run under those nodes' agents (launch.ray_fleet), the rest here; discovery is etcd
+(a local one by default, listening on this machine's cluster address too), and every process
+binds its node's address so that the others reach it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Stack:
     ) -> None:
         spec.validate()
         spec.check_ray(ray_address)
-        if spec.ray_resources() and spec.discovery is None:
+        if spec.ray_placement() and spec.discovery is None:
             spec = dataclasses.replace(spec, discovery="etcd")
         self.spec = spec
         self.ray_address = ray_address
@@ -130,7 +130,7 @@ class Stack:
         try:
             if self.spec.hosts:
                 await self._start_network()
-            if self.spec.ray_resources():
+            if self.spec.ray_placement():
                 self._join_ray()
             if self.spec.discovery == "etcd":
                 await self._start_etcd()

@@ -14,7 +14,7 @@ from lab.shared.settings import SocketSettings
 from launch.cli import up
 from launch.cli_options import spec_from_options, topology_options
 from launch.errors import TopologyError
-from launch.topology import DEFAULT_SPEEDUP, FleetSpec, TopologySpec
+from launch.topology import DEFAULT_SPEEDUP, FleetSpec, RayPlace, TopologySpec
 
 
 def parse(*args: str) -> TopologySpec:
@@ -177,17 +177,21 @@ def test_out_must_be_empty(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--out" in result.output
 
 
-PLACED = 'frontend_ray_resource = "fe"\n[[fleet]]\nrole = "aggregated"\nray_resource = "gpu_a"\n'
+PLACED = ('frontend_ray_resource = "fe"\n[[fleet]]\nrole = "aggregated"\nray_resource = "gpu_a"\n'
+          'ray_labels = { zone = "a" }\n')
 
 
 def test_ray_placement_fields(tmp_path: Path) -> None:
     path = tmp_path / "placed.toml"
     path.write_text(PLACED)
     spec = TopologySpec.from_toml(path)
-    assert spec.ray_resources() == {"engine-0": "gpu_a", "sidecar-0": "gpu_a", "frontend": "fe"}
+    gpu, fe = RayPlace("gpu_a", (("zone", "a"),)), RayPlace("fe")
+    assert spec.ray_placement() == {"engine-0": gpu, "sidecar-0": gpu, "frontend": fe}
+    assert gpu.agent == "ray-gpu_a,zone=a" and fe.agent == "ray-fe"
+    assert RayPlace.of(None, {"zone": "b"}) == RayPlace(None, (("zone", "b"),))
     assert TopologySpec.from_dict(spec.to_dict()) == spec
     spec.check_ray("auto")  # placed, with --ray: fine (discovery defaults to etcd in the Stack)
-    assert TopologySpec().ray_resources() == {}
+    assert TopologySpec().ray_placement() == {}
     TopologySpec().check_ray(None)  # nothing placed: no Ray needed
 
 
@@ -195,6 +199,9 @@ def test_ray_placement_fields(tmp_path: Path) -> None:
     (PLACED.replace('"gpu_a"', '"CPU"'), 4, "fleet[0].ray_resource"),
     (PLACED.replace('"gpu_a"', '"a b"'), 4, "fleet[0].ray_resource"),
     (PLACED.replace('"fe"', "3"), 1, "frontend_ray_resource"),
+    (PLACED.replace('zone = "a"', 'zone = 1'), 5, "fleet[0].ray_labels"),
+    (PLACED.replace('zone = "a"', '"a b" = "x"'), 5, "fleet[0].ray_labels"),
+    ('frontend_ray_labels = "x"\n', 1, "frontend_ray_labels"),
     (PLACED.replace('ray_resource = "gpu_a"', 'ray_resource = "gpu_a"\nhost = "h"')
      + "[hosts.h]\n", 5, "fleet[0].host"),
 ])

@@ -1,8 +1,8 @@
-"""The stack's processes placed on Ray nodes (`lab up --ray`, `lab sweep --ray`): a topology
-puts the prefill fleet on the node with resource `node1`, the decode fleet on `node2` and the
-frontend on `node0` (tests/ray/conftest.py's 3-node cluster). Checked: each process runs on its
-node as a child of that node's agent actor; a sweep through the placed stack has 0 errors; `lab
-fault` kill and freeze on a Ray-node process behave as the local tests say
+"""The stack's processes placed on Ray nodes (`lab up --ray`, `lab sweep --ray`): a topology puts
+the prefill fleet on the node with resource `node1`, the decode fleet on the node labelled `lab-
+node = "2"` and the frontend on `node0` (tests/ray/conftest.py's 3-node cluster). Checked: each
+process runs on its node as a child of that node's agent actor; a sweep through the placed stack
+has 0 errors; `lab fault` kill and freeze on a Ray-node process behave as the local tests say
 (tests/launch/test_cli.py::test_detach_ps_fault_down, tests/launch/test_real_topology.py::
 test_real_detached_run_with_cli_fault); nothing of the run is left running afterwards."""
 
@@ -40,8 +40,10 @@ role = "prefill"
 ray_resource = "node1"
 [[fleet]]
 role = "decode"
-ray_resource = "node2"
+ray_labels = { lab-node = "2" }
 """
+#: the agents: name -> the node (k) it must run on
+AGENTS = {"ray-node0": 0, "ray-node1": 1, "ray-lab-node=2": 2}
 CONC = 4
 REQUESTS = 20
 
@@ -104,14 +106,16 @@ def assert_placed(cluster: RayCluster, state: dict[str, Any]) -> dict[str, dict]
     """Each process on the node the topology names, under the agent on that node; the agents
     by name."""
     agents = {a["agent"]: a for a in state["ray"]["agents"]}
-    assert set(agents) == {"ray-node0", "ray-node1", "ray-node2"}
-    for agent in agents.values():
-        assert node_index(cluster, agent["node_id"]) == int(agent["resource"][-1]), agent
+    assert {name: node_index(cluster, a["node_id"]) for name, a in agents.items()} == AGENTS
     where = {p["name"]: node_index(cluster, p["node"]) for p in state["processes"]}
     assert where == PLACED
     for p in state["processes"]:
-        assert p["name"] in agents[f"ray-node{PLACED[p['name']]}"]["processes"]
+        assert p["name"] in agents[agent_of(p["name"])]["processes"]
     return agents
+
+
+def agent_of(process: str) -> str:
+    return next(name for name, k in AGENTS.items() if k == PLACED[process])
 
 
 def test_sweep_through_the_stack_placed_over_three_nodes(
@@ -151,7 +155,7 @@ def test_lab_fault_kill_and_freeze_on_ray_nodes(
         agents = assert_placed(ray_cluster, state)
         # each process is a child of its node's agent, the Ray actor
         for p in state["processes"]:
-            agent = agents[f"ray-node{PLACED[p['name']]}"]
+            agent = agents[agent_of(p["name"])]
             assert psutil.Process(p["pid"]).ppid() == agent["pid"], (p, agent)
             assert "NodeAgent" in " ".join(psutil.Process(agent["pid"]).cmdline())
         assert "ray node" in lab("ps", str(run)).stdout
@@ -213,7 +217,7 @@ def test_an_agent_killed_takes_its_processes(
     run = tmp_path / "run"
     try:
         state = up_placed(ray_cluster, topology, run)
-        agent = next(a for a in state["ray"]["agents"] if a["agent"] == "ray-node2")
+        agent = next(a for a in state["ray"]["agents"] if a["agent"] == "ray-lab-node=2")
         children = [(p["pid"], p["create_time"]) for p in state["processes"]
                     if p["name"] in agent["processes"]]
         assert len(children) == 2
@@ -222,7 +226,8 @@ def test_an_agent_killed_takes_its_processes(
 
         def recorded() -> dict | None:
             now = json.loads((run / "state.json").read_text())
-            lost = next(a for a in now["ray"]["agents"] if a["agent"] == "ray-node2")["lost"]
+            lost = next(a for a in now["ray"]["agents"]
+                        if a["agent"] == "ray-lab-node=2")["lost"]
             return now if lost else None
 
         now = wait_until(recorded, "the lost agent in state.json", 30)
@@ -236,7 +241,7 @@ def test_an_agent_killed_takes_its_processes(
     assert down.returncode == 0, down.stderr
     wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
     lost = [e for e in read_events(run / "events.jsonl")
-            if e["event"] == "exit" and e["name"] == "ray-node2" and e.get("reason")]
+            if e["event"] == "exit" and e["name"] == "ray-lab-node=2" and e.get("reason")]
     assert lost and "lost" in lost[0]["reason"]
 
 
