@@ -1,9 +1,9 @@
 """The stack's processes placed on Ray nodes (`lab up --ray`, `lab sweep --ray`): a topology puts
-the prefill fleet on the node with resource `node1`, the decode fleet on the node labelled `lab-
-node = "2"` and the frontend on `node0` (tests/ray/conftest.py's 3-node cluster). Checked: each
-process runs on its node as a child of that node's agent actor; a sweep through the placed stack
-has 0 errors; `lab fault` kill and freeze on a Ray-node process behave as the local tests say
-(tests/launch/test_cli.py::test_detach_ps_fault_down, tests/launch/test_real_topology.py::
+the prefill fleet on the node with resource `node1`, the decode fleet on the node labelled
+`lab-node = "2"` and the frontend on `node0` (tests/ray/conftest.py's 3-node cluster). Checked:
+each process runs on its node as a child of that node's agent actor; a sweep through the placed
+stack has 0 errors; `lab fault` kill and freeze on a Ray-node process behave as the local tests
+say (tests/launch/test_cli.py::test_detach_ps_fault_down, tests/launch/test_real_topology.py::
 test_real_detached_run_with_cli_fault); nothing of the run is left running afterwards."""
 
 from __future__ import annotations
