@@ -221,8 +221,9 @@ class UpSettings(Settings):
         None, "Internal: the detached supervisor of a prepared run directory.", hidden=True,
         path=click.Path(file_okay=False, path_type=Path))
     ray: str | None = ray_address_setting(
-        "the processes the topology places on Ray nodes (a fleet's `ray_resource`, "
-        "`frontend_ray_resource`), each node's under an agent actor", "everything here")
+        "the processes the topology places on Ray nodes (`ray_resource`, `ray_labels`, "
+        "`frontend_ray_resource`, `frontend_ray_labels`), each node's under an agent actor",
+        "everything here")
 
 
 @click.command()

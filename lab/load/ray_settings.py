@@ -23,7 +23,7 @@ class RaySettings(Settings):
 
     ray: str | None = ray_address_setting(
         "the load client's processes as Ray actors, and the processes the topology places on "
-        "Ray nodes (`ray_resource`) under those nodes' agents,", "local processes")
+        "Ray nodes (`ray_resource`, `ray_labels`) under those nodes' agents,", "local processes")
     ray_client_nodes: int | None = setting(
         None, "With --ray: client actors, one placement-group bundle each, spread over the "
         "nodes (each level's concurrency and rates are split over them).", ge=1,
