@@ -251,6 +251,9 @@ def up(run: UpSettings, **kwargs: Any) -> None:
         spec.check_ray(run.ray)
     except TopologyError as exc:
         raise click.UsageError(str(exc)) from None
+    if run.ray is not None and not spec.ray_placement():
+        raise click.UsageError("--ray: the topology places nothing on Ray nodes (give a fleet "
+                               "ray_resource or ray_labels; docs/ray.md)")
     try:
         run_dir = make_run_dir(spec.name, out)
     except RunError as exc:

@@ -226,3 +226,8 @@ def test_check_ray_refuses(tmp_path: Path, change: dict, address: str | None,
     spec = dataclasses.replace(TopologySpec.from_toml(path), **change)
     with pytest.raises(TopologyError, match=needle):
         spec.check_ray(address)
+
+
+def test_lab_up_ray_needs_a_placed_topology(tmp_path: Path) -> None:
+    result = CliRunner().invoke(up, ["--ray", "auto", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "places nothing on Ray" in result.output, result.output
