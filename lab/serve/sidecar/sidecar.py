@@ -193,6 +193,7 @@ class Sidecar:
         last_warn = float("-inf")
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
+            stall.load_asked(time.monotonic())
             try:
                 load = await self.link.load(timeout_s=max(1.0, cfg.heartbeat_s))
                 now = time.monotonic()
