@@ -167,8 +167,8 @@ async def test_a_deep_queue_making_progress_is_never_withdrawn(
     """Many more requests than max_num_seqs, GetLoad samples rarer than --stall: the queue drains
     with every request served (no 503) and the worker never leaves discovery, also once idle;
     then a SIGSTOPped idle engine (GetLoad unanswered) is still withdrawn."""
-    engine = spawn("engine-0", engine_argv(speedup=1, instance="engine-0-deep")
-                   + ["--engine-args", DEEP_QUEUE_ENGINE_ARGS])
+    engine = spawn("engine-0", [*engine_argv(speedup=1, instance="engine-0-deep"),
+                                "--engine-args", DEEP_QUEUE_ENGINE_ARGS])
     sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", *SPARSE_SAMPLES))
     client = RequestPlaneClient(sidecar.address)
     try:
