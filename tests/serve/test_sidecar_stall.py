@@ -200,3 +200,48 @@ async def test_a_deep_queue_making_progress_is_never_withdrawn(
     log = sidecar.log()
     assert "engine stalled: GetLoad has shown no progress" in log, log
     assert log.count("engine stalled") == 1 and "Traceback" not in log
+
+
+#: Keepalive PINGs every 0.3 s of silence, dead after 1 s without an ACK; a stall window far
+#: beyond the test, so only the keepalive can catch the frozen engine.
+KEEPALIVE_FLAGS = ("--keepalive", "0.3", "--keepalive-timeout", "1", "--stall", "600",
+                   "--stale-load", "600")
+KEEPALIVE_BOUND_S = 15.0
+
+
+async def test_a_sigstopped_engine_leaves_rotation_by_the_keepalive_and_returns(
+    spawn, disc: Path, registry: FileRegistry
+) -> None:
+    """SIGSTOP under load: the kernel keeps the TCP connection open, so only an unanswered HTTP/2
+    PING shows the engine is gone. The sidecar withdraws it from the liveness path (the reason
+    names the keepalive), ends the in-flight request retryable, and registers it again after
+    SIGCONT."""
+    engine = spawn("engine-0", stall_engine_argv())
+    sidecar = spawn("sidecar-0",
+                    sidecar_argv(engine.address, disc, "sidecar-0", *KEEPALIVE_FLAGS))
+    client = RequestPlaneClient(sidecar.address)
+    try:
+        stream = await client.open_stream(request("k-1", max_tokens=100_000))
+        async with asyncio.timeout(10):
+            await anext(stream)  # tokens are flowing
+        started = time.monotonic()
+        engine.popen.send_signal(signal.SIGSTOP)
+        try:
+            await wait_gone(registry, "sidecar-0", timeout=KEEPALIVE_BOUND_S)
+            withdrawn_after = time.monotonic() - started
+            _, end, _ = await collect(stream, timeout=10)
+            assert end["error"]["kind"] == "unavailable", end
+            assert "keepalive" in end["error"]["message"], end
+            assert sidecar.popen.poll() is None  # out of rotation, not lost
+        finally:
+            engine.popen.send_signal(signal.SIGCONT)
+        await wait_registered(registry, "sidecar-0", RETURN_BOUND_S)
+        tokens, end, _ = await collect(await client.open_stream(request("k-2", max_tokens=4)))
+        assert end["error"] is None and len(tokens) == 4
+    finally:
+        await client.close()
+    log = sidecar.log()
+    assert "engine stalled: liveness watch: Connection lost: keepalive watchdog timeout" in log, log
+    assert "declared dead" in log and "registered again" in log and "Traceback" not in log
+    assert "engine lost" not in log
+    print(f"keepalive: withdrawn {withdrawn_after:.2f} s after SIGSTOP")
