@@ -47,6 +47,18 @@ def stall_engine_argv() -> list[str]:
     return engine_argv(speedup="1", instance="engine-0-stall")
 
 
+async def streaming(spawn, disc: Path, *sidecar_flags: str):
+    """An engine at speedup 1, its sidecar with `sidecar_flags`, and one long request whose
+    tokens are flowing: (engine, sidecar, client, stream)."""
+    engine = spawn("engine-0", stall_engine_argv())
+    sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", *sidecar_flags))
+    client = RequestPlaneClient(sidecar.address)
+    stream = await client.open_stream(request("s-1", max_tokens=100_000))
+    async with asyncio.timeout(10):
+        await anext(stream)
+    return engine, sidecar, client, stream
+
+
 def test_stall_check_counts_only_busy_time() -> None:
     check = StallCheck(2.0, now=0.0)
     check.load_sample(None, 10.0)
@@ -91,14 +103,9 @@ def test_stall_check_counts_only_busy_time() -> None:
 async def test_stalled_engine_leaves_rotation_and_returns(
     spawn, disc: Path, registry: FileRegistry, fault: str
 ) -> None:
-    engine = spawn("engine-0", stall_engine_argv())
+    engine, sidecar, client, stream = await streaming(spawn, disc, "--stall", "1")
     admin = engine.ready["admin"]
-    sidecar = spawn("sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--stall", "1"))
-    client = RequestPlaneClient(sidecar.address)
     try:
-        stream = await client.open_stream(request("s-1", max_tokens=100_000))
-        async with asyncio.timeout(10):
-            await anext(stream)  # tokens are flowing
         started = time.monotonic()
         if fault == "freeze":
             await freeze(admin, True)
@@ -216,14 +223,8 @@ async def test_a_sigstopped_engine_leaves_rotation_by_the_keepalive_and_returns(
     PING shows the engine is gone. The sidecar withdraws it from the liveness path (the reason
     names the keepalive), ends the in-flight request retryable, and registers it again after
     SIGCONT."""
-    engine = spawn("engine-0", stall_engine_argv())
-    sidecar = spawn("sidecar-0",
-                    sidecar_argv(engine.address, disc, "sidecar-0", *KEEPALIVE_FLAGS))
-    client = RequestPlaneClient(sidecar.address)
+    engine, sidecar, client, stream = await streaming(spawn, disc, *KEEPALIVE_FLAGS)
     try:
-        stream = await client.open_stream(request("k-1", max_tokens=100_000))
-        async with asyncio.timeout(10):
-            await anext(stream)  # tokens are flowing
         started = time.monotonic()
         engine.popen.send_signal(signal.SIGSTOP)
         try:

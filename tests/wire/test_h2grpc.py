@@ -442,6 +442,8 @@ async def test_client_reconnects_after_server_restart(service: Service) -> None:
     channel = H2GrpcChannel(f"127.0.0.1:{port}")
     try:
         assert await channel.unary_unary(UNARY)(b"a") == b"a"
+        # no grpc.keepalive_time_ms: no keepalive, no PING ever (grpcio's client default)
+        assert channel._conn is not None and channel._conn.keepalive is None
         await server.stop(None)
         await wait_for(lambda: channel._conn is None, WAIT, interval=0)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -621,15 +623,3 @@ async def test_keepalive_declares_a_silent_peer_dead() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
-
-
-async def test_no_keepalive_option_sends_no_ping(service: Service) -> None:
-    """grpcio's client default: without grpc.keepalive_time_ms no PING is ever sent."""
-    server, port = await start_server("h2", service)
-    channel = H2GrpcChannel(f"127.0.0.1:{port}")
-    try:
-        assert await channel.unary_unary(UNARY)(b"a") == b"a"
-        assert channel._conn is not None and channel._conn.keepalive is None
-    finally:
-        await channel.close()
-        await server.stop(None)
