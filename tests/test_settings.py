@@ -69,7 +69,7 @@ def every_field_changed(tmp_path: Path) -> dict[type[Settings], dict[str, Any]]:
             worker_id="sidecar-3", server_nodelay=False, grace_period=1.5,
             inflight_timeout=3.5, startup_deadline=9.0, connect_attempt_timeout=4.0,
             retry_interval=0.5, heartbeat=0.25, ttl=3.0, stale_load=7.0, stall=0.75,
-            probe_timeout=1.25, log_level="warning",
+            probe_timeout=1.25, keepalive=2.5, keepalive_timeout=3.5, log_level="warning",
         ),
         FrontendSettings: dict(
             listen="127.0.0.1:8123", discovery="etcd://127.0.0.1:2379/x", discovery_ttl=3.5,
