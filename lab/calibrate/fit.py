@@ -14,7 +14,7 @@ Prefill and path: each concurrency-1 ``context`` probe at prompt length T gives
 `lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured on
 a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
 decode step the lab mocker charges for the first token where the engine type's
-``first_token_decode`` default is on (``trtllm``; none under ``vllm``). `rest(T)` is the
+``first_token_decode`` default is on (off under both policies today). `rest(T)` is the
 target's prefill plus whatever of its own path exceeds the lab's. The ``overlap`` probe at T
 separates the two: its prefill gap (a pass that held one T-token prefill, seen from another
 stream, minus a plain pass) is the engine's prefill alone. So prefill(T) = that gap, and
@@ -22,6 +22,11 @@ request(T) = rest(T) - prefill(T), a per-request latency that holds no engine pa
 profile's ``request`` rows). Without an overlap gap at T, the prefill knot is rest(T): the
 target's path is then charged per pass, which is right at concurrency 1 and too much once
 passes batch several requests (docs/fidelity.md).
+
+A target whose path holds the first token back (TTFT flat over short prompts while the
+prefill grows) is fitted as a first-token floor instead (`choose_request_mode`): the request
+knots are then the engine-side time before which no first token is emitted (``request_mode:
+floor``), and the request is scheduled at once.
 """
 
 from __future__ import annotations
