@@ -153,8 +153,8 @@ def decode_step_ms(requests: pd.DataFrame) -> float:
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
     per_request = []
-    for gaps, hits in _stream_gaps(requests):
-        use = hits == 0
+    for gaps, at_first, held in _stream_gaps(requests):
+        use = (at_first == 0) & (held == 0)
         use[: _lead(gaps)] = False
         if use.any():
             per_request.append(float(gaps[use].mean()) / 1e6)
@@ -176,9 +176,10 @@ def _lead(gaps: np.ndarray) -> int:
     return min(n + 1, gaps.size) if n else 0
 
 
-def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per measured request: (its token gaps in ns, how many other requests' prefills the pass
-    of each gap held).
+def _stream_gaps(requests: pd.DataFrame
+                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per measured request: (its token gaps in ns, per gap how many other requests' first
+    tokens its pass produced, per gap how many other requests' prefills it held).
 
     Another request B is prefilled in a pass between B's send and its first token. Its first
     token comes from the same pass end as one of this stream's tokens (which of the two the
@@ -187,7 +188,12 @@ def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
     is the longest gap among those ending after B was sent and no later than this stream's
     token nearest B's first token: without a floor that window is the one or two gaps of B's
     path and prefill, with one it reaches back over the held time. A B sent before this
-    stream's own first-token burst ended is left out (its pass may be inside the burst)."""
+    stream's own first-token burst ended is left out (its pass may be inside the burst).
+
+    Under many streams a request's prefill is chunked over several passes and its window is
+    long: the longest gap in it is one of them, the pass at its first token another, and both
+    are left out of the decode step (`decode_step_ms`); the prefill estimate of the two-stream
+    overlap probe uses the window's (`prefill_gap_ms`)."""
     ok = requests[requests["ok"].astype(bool)]
     sent = pd.to_numeric(ok["sent_ns"], errors="coerce") if "sent_ns" in ok else None
     first = pd.to_numeric(ok["first_ns"], errors="coerce")
@@ -212,8 +218,9 @@ def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
         lead = _lead(gaps)
         held = [s - 1 + int(np.argmax(gaps[s - 1:e])) for s, e in zip(start, end, strict=True)
                 if s > lead]
+        at_first = np.bincount(end - 1, minlength=gaps.size)[: gaps.size]
         hits = np.bincount(np.asarray(held, dtype=np.int64), minlength=gaps.size)[: gaps.size]
-        out.append((gaps, hits))
+        out.append((gaps, at_first, hits))
     return out
 
 
@@ -224,9 +231,11 @@ def prefill_gap_ms(requests: pd.DataFrame) -> float:
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
     held, plain = [], []
-    for gaps, hits in _stream_gaps(requests):
+    for gaps, at_first, hits in _stream_gaps(requests):
+        plain_gap = (hits == 0) & (at_first == 0)
+        plain_gap[: _lead(gaps)] = False
         held.extend(gaps[hits == 1].tolist())
-        plain.extend(gaps[hits == 0].tolist())
+        plain.extend(gaps[plain_gap].tolist())
     if not held or not plain:
         return math.nan
     return (float(np.median(held)) - float(np.median(plain))) / 1e6
