@@ -177,3 +177,18 @@ def test_a_floor_fit_writes_request_mode_floor(tmp_path: Path) -> None:
                                                           DYNAMO_LENGTHS])
     args = engine_args(fit, tmp_path / "profile.csv")
     assert args["timing"]["request_mode"] == "floor"
+
+
+def test_a_chunked_prefill_leaves_both_its_passes_out_of_the_decode_step() -> None:
+    """Under many streams B's prefill runs in two chunks: the 10 -> 40 ms pass (the longest gap
+    between B's send and its first token) and the 40 -> 60 ms one that produces B's first
+    token. Both hold prefill; the decode step is the 10 ms of the others."""
+    a = [0, 10, 40, 60, 70, 80, 90]
+    b = [60, 70]
+    frame = pd.DataFrame({
+        "ok": [True, True], "warmup": [False, True],
+        "sent_ns": [-50 * MS, 5 * MS],
+        "first_ns": [a[0] * MS, b[0] * MS],
+        "chunk_times_ns": [[t * MS for t in a], [t * MS for t in b]],
+    })
+    assert decode_step_ms(frame) == pytest.approx(10.0)
