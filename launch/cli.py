@@ -15,10 +15,11 @@ from typing import Any
 import click
 
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange, Settings, options, setting
+from lab.shared.ray_connect import ray_address_setting
 from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
 from launch.clean import _kill_group_of, leftovers_of
 from launch.cli_options import spec_from_options, topology_options
-from launch.errors import LaunchError, RunError
+from launch.errors import LaunchError, RunError, TopologyError
 from launch.faults import FAULT_KINDS
 from launch.process import START_MARK
 from launch.rundir import make_run_dir, resolve_run
@@ -66,8 +67,9 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False,
     table = Table(box=None, pad_edge=False)
     notes: list[str] = []  # printed below the table: too long for a column
     hosts = any(p.get("host") for p in processes)
-    for column in ("role", "name", "pid", *(("host",) if hosts else ()), "address", "state",
-                   "restarts"):
+    nodes = any(p.get("node") for p in processes)
+    for column in ("role", "name", "pid", *(("host",) if hosts else ()),
+                   *(("ray node",) if nodes else ()), "address", "state", "restarts"):
         table.add_column(column)
     for p in processes:
         state = p["state"]
@@ -84,7 +86,9 @@ def print_processes(processes: list[dict[str, Any]], check_alive: bool = False,
             notes.append(f"{p['name']}: {waiting}")
         role = p["role"] if not p.get("fleet_role") else f"{p['role']}/{p['fleet_role']}"
         host = (p.get("host") or "(root)",) if hosts else ()
-        table.add_row(role, p["name"], str(p.get("pid") or "-"), *host, p.get("address") or "-",
+        node = (str(p.get("node") or "(here)")[:12],) if nodes else ()
+        table.add_row(role, p["name"], str(p.get("pid") or "-"), *host, *node,
+                      p.get("address") or "-",
                       state, str(p.get("restarts", 0)))
     _console().print(table)
     for note in notes:
@@ -122,7 +126,7 @@ def _install_uvloop() -> None:
         pass
 
 
-async def _serve(spec: TopologySpec, run_dir: Path, quiet: bool) -> int:
+async def _serve(spec: TopologySpec, run_dir: Path, quiet: bool, ray: str | None = None) -> int:
     """Run a stack until SIGINT/SIGTERM. Returns the exit code."""
     from launch.stack import Stack
 
@@ -130,7 +134,7 @@ async def _serve(spec: TopologySpec, run_dir: Path, quiet: bool) -> int:
     stop = asyncio.Event()
     main = asyncio.current_task()
     phase = {"ready": False, "signals": 0}
-    stack = Stack(spec, run_dir)
+    stack = Stack(spec, run_dir, ray_address=ray)
 
     def on_signal() -> None:
         phase["signals"] += 1
@@ -162,12 +166,13 @@ async def _serve(spec: TopologySpec, run_dir: Path, quiet: bool) -> int:
     return 0
 
 
-def _detach(spec: TopologySpec, run_dir: Path) -> int:
+def _detach(spec: TopologySpec, run_dir: Path, ray: str | None = None) -> int:
     """Start the supervisor in its own session, wait for readiness, print, return."""
     (run_dir / SPEC_FILE).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
     with open(run_dir / SUPERVISOR_LOG, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "launch", "--supervise", str(run_dir)],
+            [sys.executable, "-m", "launch", "--supervise", str(run_dir),
+             *(("--ray", ray) if ray else ())],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -215,6 +220,10 @@ class UpSettings(Settings):
     supervise: Path | None = setting(
         None, "Internal: the detached supervisor of a prepared run directory.", hidden=True,
         path=click.Path(file_okay=False, path_type=Path))
+    ray: str | None = ray_address_setting(
+        "the processes the topology places on Ray nodes (`ray_resource`, `ray_labels`, "
+        "`frontend_ray_resource`, `frontend_ray_labels`), each node's under an agent actor",
+        "everything here")
 
 
 @click.command()
@@ -230,20 +239,28 @@ def up(run: UpSettings, **kwargs: Any) -> None:
       lab up --engines 2 --speedup 0
       lab up --disagg --prefill 1 --decode 2 --restart-engine on-failure
       lab up --topology exp.toml --detach
+      lab up --topology placed.toml --ray auto   fleets on Ray nodes (docs/ray.md)
     """
     _install_uvloop()
     out, detach, supervise = run.out, run.detach, run.supervise
     if supervise is not None:
         spec = TopologySpec.from_dict(json.loads((supervise / SPEC_FILE).read_text()))
-        sys.exit(asyncio.run(_serve(spec, supervise, quiet=True)))
+        sys.exit(asyncio.run(_serve(spec, supervise, quiet=True, ray=run.ray)))
     spec = spec_from_options(**kwargs)
+    try:
+        spec.check_ray(run.ray)
+    except TopologyError as exc:
+        raise click.UsageError(str(exc)) from None
+    if run.ray is not None and not spec.ray_placement():
+        raise click.UsageError("--ray: the topology places nothing on Ray nodes (give a fleet "
+                               "ray_resource or ray_labels; docs/ray.md)")
     try:
         run_dir = make_run_dir(spec.name, out)
     except RunError as exc:
         raise click.BadParameter(str(exc), param_hint="'--out'") from exc
     if detach:
-        sys.exit(_detach(spec, run_dir))
-    sys.exit(asyncio.run(_serve(spec, run_dir, quiet=False)))
+        sys.exit(_detach(spec, run_dir, run.ray))
+    sys.exit(asyncio.run(_serve(spec, run_dir, quiet=False, ray=run.ray)))
 
 
 # -- lab ps / down / fault --------------------------------------------------------------------

@@ -26,11 +26,16 @@ class EventLog:
             "code": code,
             **extra,
         }
+        self.record(record)
+        return record
+
+    def record(self, record: dict[str, Any]) -> None:
+        """Write an event as it is: one emitted here, or one a Ray node's agent emitted
+        (launch.ray_fleet forwards those, its stamps moved onto this clock)."""
         if not self._file.closed:
             self._file.write(json.dumps(record) + "\n")
         for listener in self.listeners:
             listener(record)
-        return record
 
     def close(self) -> None:
         self._file.close()

@@ -40,6 +40,7 @@ class ProcessView:
     create_time: float | None = None  # psutil create_time, guards against pid reuse
     log: str = ""
     host: str | None = None  # the topology host it runs in (None = the root namespace)
+    node: str | None = None  # with --ray: the Ray node id it runs on (None = the launcher's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +86,8 @@ class ManagedProcess:
     engine_address: str | None = field(default=None, init=False)
     #: topology host (network namespace); None = root
     host: str | None = field(default=None, init=False)
+    #: the Ray node id of the agent that runs it (launch.ray_agent); None = the launcher's
+    node: str | None = field(default=None, init=False)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

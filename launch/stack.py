@@ -11,12 +11,18 @@ __aexit__ tears down (SIGTERM, grace, SIGKILL), writes procs.parquet and the fin
 
 With hosts (TopologySpec.hosts), the network namespaces, bridge and links are created before any
 process starts (launch.netns.NetworkLab) and removed last: processes, then etcd, then the network.
+
+With `ray_address` (`--ray`), the processes the topology places on Ray nodes (`ray_resource`,
+`ray_labels`) run under those nodes' agents (launch.ray_fleet), the rest here; discovery is etcd
+(a local one by default, listening on this machine's cluster address too), and every process
+binds its node's address so that the others reach it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 import traceback
@@ -48,9 +54,14 @@ class Stack:
         sample_interval_s: float = 0.5,
         programs: Programs | None = None,
         control: bool = True,
+        ray_address: str | None = None,
     ) -> None:
         spec.validate()
+        spec.check_ray(ray_address)
+        if spec.ray_placement() and spec.discovery is None:
+            spec = dataclasses.replace(spec, discovery="etcd")
         self.spec = spec
+        self.ray_address = ray_address
         self.run_dir = Path(run_dir)
         self.sample_interval_s = sample_interval_s
         self.programs = programs
@@ -73,18 +84,34 @@ class Stack:
         self._etcd: Any = None  # launch.etcd.LocalEtcd when discovery == "etcd"
         self._lab: Any = None  # launch.netns.NetworkLab when the topology has hosts
         self.placement = Placement()
+        self.ray_fleet: Any = None  # launch.ray_fleet.RayFleet when the topology uses Ray
 
     # -- public API -----------------------------------------------------------------------------
 
     def processes(self) -> list[ProcessView]:
+        remote = [] if self.ray_fleet is None else self.ray_fleet.views()
+        return self._in_spec_order(self._local_views() + remote)
+
+    def _local_views(self) -> list[ProcessView]:
         return [] if self.supervisor is None else [p.view() for p in self.supervisor.processes]
+
+    def _in_spec_order(self, views: list[ProcessView]) -> list[ProcessView]:
+        """Engines, sidecars, the frontend, in the topology's order (wherever they run)."""
+        order = {name: k for k, name in enumerate(
+            [f"{p}-{s}" for p in ("engine", "sidecar") for _, s in self.spec.workers()]
+            + ["frontend"])}
+        return sorted(views, key=lambda v: order.get(v.name, len(order)))
 
     async def fault(self, name: str, kind: str) -> str:
         """kill|stop|cont|restart|not-serving|serving|freeze|unfreeze|executor-failure."""
         assert self.supervisor is not None, "the stack is not running"
+        if self.ray_fleet is not None and name in self.ray_fleet.names:
+            return await self.ray_fleet.fault(name, kind)
         return await self.supervisor.fault(name, kind)
 
     def cpu_samples(self) -> list[dict[str, Any]]:
+        if self.ray_fleet is not None:
+            self.ray_fleet.samples_now()  # into the sampler's samples
         return [] if self.sampler is None else self.sampler.samples_now()
 
     def on_event(self, listener: Callable[[dict[str, Any]], None]) -> None:
@@ -103,6 +130,8 @@ class Stack:
         try:
             if self.spec.hosts:
                 await self._start_network()
+            if self.spec.ray_placement():
+                self._join_ray()
             if self.spec.discovery == "etcd":
                 await self._start_etcd()
         except BaseException as exc:
@@ -111,16 +140,21 @@ class Stack:
                 with contextlib.suppress(Exception):
                     await self._etcd.stop()
             await self._destroy_network()
+            if self.ray_fleet is not None:
+                self.ray_fleet.disconnect()
             self._save_state()
             self.events.close()
             raise
         write_config(self.run_dir, self.spec, discovery=self.discovery,
                      hosts_resolved=self.placement.describe())
+        remote = self.ray_fleet.names if self.ray_fleet is not None else set()
         self.supervisor = Supervisor(
             self.spec, self.run_dir, self.events, self.discovery,
             programs=self.programs, on_change=self._save_state, placement=self.placement,
+            names=self._local_names(remote) if remote else None,
         )
-        self.sampler = Sampler(self.processes, self.run_dir / "procs.parquet",
+        # this machine's processes; the Ray nodes' agents sample theirs (_remote_samples)
+        self.sampler = Sampler(self._local_views, self.run_dir / "procs.parquet",
                                interval_s=self.sample_interval_s)
         self.state = "starting"
         self._save_state()
@@ -134,12 +168,14 @@ class Stack:
                 self.supervisor.before_exit_event.append(self._registry_watch.on_exit)
                 self._registry_task = self._tg.create_task(
                     self._guard("registry-watch", self._registry_watch.run))
-            await self.supervisor.start(self._tg)
+            await self._start_processes()
         except BaseException as exc:
             self.error = str(exc)
             await self._shutdown(failed=True)
             raise
-        self.frontend_url = f"http://{self.supervisor.frontend.address}"
+        front = (self.supervisor.frontend.address if self.supervisor.frontend is not None
+                 else self.ray_fleet.frontend_address())
+        self.frontend_url = f"http://{front}"
         if self.control:
             self._side_tasks.append(self._tg.create_task(
                 self._guard("control", lambda: serve_control(self.run_dir, self._on_control))))
@@ -152,6 +188,41 @@ class Stack:
         await self._shutdown(failed=False)
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _join_ray(self) -> None:
+        """Connect to the Ray cluster (LaunchError("ray", why)); this machine's processes bind
+        its cluster address from now on."""
+        from launch.ray_fleet import RayFleet
+
+        assert self.events is not None
+        self.ray_fleet = RayFleet(
+            self.spec, str(self.ray_address), self.run_dir, self.events,
+            sample_interval_s=self.sample_interval_s, on_samples=self._remote_samples,
+            on_change=self._save_state)
+        self.placement = Placement(node_address=self.ray_fleet.connect())
+
+    def _local_names(self, remote: set[str]) -> set[str]:
+        """The processes this machine runs when those named `remote` run on Ray nodes."""
+        every = {f"{p}-{s}" for p in ("engine", "sidecar") for _, s in self.spec.workers()}
+        return (every | {"frontend"}) - remote
+
+    def _remote_samples(self, rows: list[dict[str, Any]]) -> None:
+        if self.sampler is not None:
+            self.sampler.samples.extend(rows)
+
+    async def _start_processes(self) -> None:
+        """The local processes and the Ray nodes' at once (a frontend waits for workers
+        wherever they run); the first LaunchError if any is not ready."""
+        assert self.supervisor is not None and self._tg is not None
+        if self.ray_fleet is None:
+            await self.supervisor.start(self._tg)
+            return
+        try:
+            async with asyncio.TaskGroup() as startup:
+                startup.create_task(self.supervisor.start(self._tg))
+                startup.create_task(self.ray_fleet.start(self.discovery, self._tg))
+        except* LaunchError as group:
+            raise group.exceptions[0] from None
 
     async def _start_network(self) -> None:
         """Create the hosts (namespaces, bridge, shaped links); LaunchError("hosts", why)."""
@@ -200,8 +271,9 @@ class Stack:
         from launch.process import ENV_RUN_DIR, ENV_SUPERVISOR_PID, ENV_SUPERVISOR_START
 
         hosts: tuple[str, ...] = ("127.0.0.1",)
-        if self.placement.gateway is not None:
-            hosts = (self.placement.gateway, "127.0.0.1")
+        reachable = self.placement.gateway or self.placement.node_address
+        if reachable is not None and reachable != "127.0.0.1":
+            hosts = (reachable, "127.0.0.1")
         self._etcd = LocalEtcd(self.run_dir, hosts=hosts, env={
             ENV_RUN_DIR: str(self.run_dir.resolve()),
             ENV_SUPERVISOR_PID: str(os.getpid()),
@@ -239,9 +311,14 @@ class Stack:
                 with contextlib.suppress(Exception):
                     self._registry_watch.scan()
         try:
-            await self.supervisor.stop()
+            async with asyncio.TaskGroup() as teardown:
+                teardown.create_task(self.supervisor.stop())
+                if self.ray_fleet is not None:
+                    teardown.create_task(self.ray_fleet.stop())
         finally:
             self.supervisor.kill_all_now()
+            if self.ray_fleet is not None:
+                self.ray_fleet.kill_all_now()
             if self._etcd is not None:
                 with contextlib.suppress(Exception):
                     pid = self._etcd.pid
@@ -261,6 +338,8 @@ class Stack:
             self.events.emit("stack-" + self.state, "", os.getpid())
             self._save_state()
             self.events.close()
+            if self.ray_fleet is not None:
+                self.ray_fleet.disconnect()
 
     def _save_state(self) -> None:
         write_state(self.run_dir, {
@@ -274,6 +353,8 @@ class Stack:
             "model": self.model,
             "discovery": self.discovery,
             "hosts": self.placement.describe(),
+            "ray": None if self.ray_fleet is None else {
+                "address": self.ray_address, "agents": self.ray_fleet.describe()},
             "grace_s": self.spec.grace_s,
             "updated": time.time(),
             "processes": [v.to_dict() for v in self.processes()],

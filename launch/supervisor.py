@@ -67,8 +67,13 @@ class Supervisor:
         programs: Programs | None = None,
         on_change: Callable[[], None] | None = None,
         placement: Placement | None = None,
+        names: set[str] | None = None,
     ) -> None:
+        """`names`: the processes of the topology this supervisor runs (None: all of them);
+        an engine and its sidecar go together. A Ray node's agent (launch.ray_agent) runs its
+        share of the topology, the launcher the rest."""
         self.spec = spec
+        self.names = names
         self.placement = placement or Placement()
         self.run_dir = run_dir
         self.events = events
@@ -86,7 +91,7 @@ class Supervisor:
         self._consecutive: dict[str, int] = {}
         self.engines: list[ManagedProcess] = []
         self.sidecars: list[ManagedProcess] = []
-        self.frontend: ManagedProcess
+        self.frontend: ManagedProcess | None = None
         self._build()
 
     # -- the plan ---------------------------------------------------------------------------
@@ -102,6 +107,8 @@ class Supervisor:
         place = self.placement
         for fleet, suffix in spec.workers():
             engine_name, sidecar_name = f"engine-{suffix}", f"sidecar-{suffix}"
+            if self.names is not None and engine_name not in self.names:
+                continue
 
             def make_engine_argv(proc: ManagedProcess, fleet=fleet) -> list[str]:
                 proc.instance_id = new_instance_id(proc.name)
@@ -125,6 +132,8 @@ class Supervisor:
             engine.host = sidecar.host = fleet.host
             self.engines.append(engine)
             self.sidecars.append(sidecar)
+        if self.names is not None and "frontend" not in self.names:
+            return
         self.frontend = ManagedProcess(
             "frontend", "frontend", None, "never",
             lambda proc: place.prefix(spec.frontend_host) + frontend_argv(
@@ -135,7 +144,12 @@ class Supervisor:
 
     @property
     def processes(self) -> list[ManagedProcess]:
-        return [*self.engines, *self.sidecars, self.frontend]
+        return [*self.engines, *self.sidecars, *self.fronts]
+
+    @property
+    def fronts(self) -> list[ManagedProcess]:
+        """The frontend, when this supervisor runs it."""
+        return [] if self.frontend is None else [self.frontend]
 
     def get(self, name: str) -> ManagedProcess:
         for proc in self.processes:
@@ -157,8 +171,9 @@ class Supervisor:
                     for engine, sidecar in zip(self.engines, self.sidecars, strict=True):
                         self._spawn(engine)
                         startup.create_task(self._bring_up(engine, sidecar))
-                    self._spawn(self.frontend)
-                    startup.create_task(self._wait_ready(self.frontend))
+                    for front in self.fronts:
+                        self._spawn(front)
+                        startup.create_task(self._wait_ready(front))
         except* _ExitedEarly as group:
             exited = [e for e in group.exceptions if isinstance(e, _ExitedEarly)]
             first = min(exited, key=lambda e: self._rank(e.proc))
@@ -386,7 +401,7 @@ class Supervisor:
         self.stopping = True
         for task in list(self._restart_tasks.values()):
             task.cancel()
-        for group in ([self.frontend, *self.sidecars], self.engines):
+        for group in ([*self.fronts, *self.sidecars], self.engines):
             await self._terminate(group)
         for proc in self.processes:
             if proc.state != "exited":

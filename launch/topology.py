@@ -41,6 +41,8 @@ TOML layout (every key optional):
     speedup = 500.0               # per-fleet overrides of the defaults above
     engine_args = { num_gpu_blocks = 4096 }   # merged over the top-level engine_args
     host = "gpu1"                 # run this fleet inside host gpu1 (default: the root namespace)
+    ray_resource = "gpu_node"     # with --ray: on a Ray node with this resource (docs/ray.md)
+    ray_labels = { zone = "a" }   # ... and/or on a Ray node with these labels
 
     # Hosts: Linux network namespaces on this machine (launch.netns), joined by a bridge,
     # MTU 1500, addresses in 10.213.N.0/24. Shaping keys: launch.linkshape (rate/burst/queue
@@ -49,6 +51,13 @@ TOML layout (every key optional):
     [hosts.fe]
     [hosts.gpu1]
     rate = "1gbit"
+
+    # Ray (`lab up --ray`, `lab sweep --ray`; docs/ray.md): a fleet or the frontend with a
+    # ray_resource and/or ray_labels runs on a Ray node advertising that custom resource and
+    # those labels, as a child of the node's agent actor; without either it runs where the
+    # launcher runs.
+    frontend_ray_resource = "fe_node"
+    frontend_ray_labels = { role = "edge" }
 """
 
 from __future__ import annotations
@@ -86,6 +95,33 @@ DEFAULT_GRACE_S = 10.0
 DEFAULT_NAME = "lab"
 
 
+@dataclass(frozen=True)
+class RayPlace:
+    """Where on a Ray cluster: a node advertising `resource` (if any) and carrying `labels`
+    (if any). One agent per place (launch.ray_fleet)."""
+
+    resource: str | None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, resource: str | None, labels: dict[str, str]) -> RayPlace | None:
+        """None when neither is given (the process runs where the launcher runs)."""
+        if resource is None and not labels:
+            return None
+        return cls(resource, tuple(sorted(labels.items())))
+
+    @property
+    def agent(self) -> str:
+        """The agent's name: `ray-RESOURCE`, `ray-KEY=VALUE`, joined by `,`."""
+        return "ray-" + ",".join(
+            ([self.resource] if self.resource else []) + [f"{k}={v}" for k, v in self.labels])
+
+    def describe(self) -> str:
+        parts = ([f"resource {self.resource}"] if self.resource else []) + [
+            f"label {k}={v}" for k, v in self.labels]
+        return " and ".join(parts)
+
+
 @dataclass
 class FleetSpec:
     """`count` engines of one role, each with its own sidecar."""
@@ -101,6 +137,10 @@ class FleetSpec:
     extra_mocker_args: list[str] = field(default_factory=list)
     extra_sidecar_args: list[str] = field(default_factory=list)  # e.g. ["--grace-period", "1"]
     host: str | None = None  # a key of TopologySpec.hosts; None = the root namespace
+    #: with --ray: the custom resource of the Ray node it runs on; None = the launcher's machine
+    ray_resource: str | None = None
+    #: with --ray: the labels of the Ray node it runs on (a label selector; {} = any node)
+    ray_labels: dict[str, str] = field(default_factory=dict)
 
 
 # Keys of FleetSpec that a topology can set for all fleets at once.
@@ -136,6 +176,10 @@ class TopologySpec:
     # host name -> its `[hosts.NAME]` table as written (shaping keys, launch.linkshape)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     frontend_host: str | None = None
+    #: with --ray: the custom resource of the Ray node the frontend runs on (None: local)
+    frontend_ray_resource: str | None = None
+    #: with --ray: the labels of the Ray node the frontend runs on
+    frontend_ray_labels: dict[str, str] = field(default_factory=dict)
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -216,6 +260,36 @@ class TopologySpec:
                 out.append((fleet, f"{index}" if fleet.role == "aggregated"
                             else f"{fleet.role}-{index}"))
         return out
+
+    def ray_placement(self) -> dict[str, RayPlace]:
+        """process name -> the Ray node it runs on, for the processes placed on Ray."""
+        out = {}
+        for fleet, suffix in self.workers():
+            place = RayPlace.of(fleet.ray_resource, fleet.ray_labels)
+            if place is not None:
+                out[f"engine-{suffix}"] = out[f"sidecar-{suffix}"] = place
+        place = RayPlace.of(self.frontend_ray_resource, self.frontend_ray_labels)
+        if place is not None:
+            out["frontend"] = place
+        return out
+
+    def check_ray(self, address: str | None) -> None:
+        """TopologyError when the Ray placement cannot run: placed without --ray, or with
+        hosts, or with a file registry (the other nodes find the workers through etcd)."""
+        placed = self.ray_placement()
+        if not placed:
+            return
+        what = ", ".join(sorted({p.describe() for p in placed.values()}))
+        if address is None:
+            raise TopologyError(f"the topology places processes on Ray nodes ({what}): pass "
+                                "--ray ADDRESS|auto")
+        if self.hosts:
+            raise TopologyError("hosts (network namespaces) and Ray placement (ray_resource) "
+                                "cannot be combined in one topology")
+        if self.discovery is not None and not self.discovery.startswith("etcd"):
+            raise TopologyError(f"discovery: {self.discovery!r}: processes on Ray nodes find "
+                                "each other through etcd: use etcd (a local etcd for the run, "
+                                "the default with Ray placement) or etcd://HOST:PORT")
 
     def validate(self) -> None:
         """Raise TopologyError naming the first bad setting."""
@@ -412,6 +486,12 @@ def _validate_topology(
         _check_bool(getattr(sockets, key), ("sockets", key), loc)
     _check_int(sockets.pool_size, ("sockets", "pool_size"), loc, 1, 1024)
     _validate_hosts(spec, loc)
+    _check_ray_resource(spec.frontend_ray_resource, ("frontend_ray_resource",), loc)
+    _check_ray_labels(spec.frontend_ray_labels, ("frontend_ray_labels",), loc)
+    if spec.frontend_host is not None and RayPlace.of(spec.frontend_ray_resource,
+                                                      spec.frontend_ray_labels):
+        raise loc.error(("frontend_host",), "the frontend runs in a host or on a Ray node "
+                        "(frontend_ray_resource), not both")
     if not spec.fleets:
         raise loc.error(("fleet",), "at least one fleet is needed")
     for index, fleet in enumerate(spec.fleets):
@@ -439,6 +519,11 @@ def _validate_topology(
             if not _str_list(getattr(fleet, key)):
                 raise loc.error(fleet_key(index, key), "expected a list of strings")
         _check_host_ref(spec, fleet.host, fleet_key(index, "host"), loc)
+        _check_ray_resource(fleet.ray_resource, fleet_key(index, "ray_resource"), loc)
+        _check_ray_labels(fleet.ray_labels, fleet_key(index, "ray_labels"), loc)
+        if fleet.host is not None and RayPlace.of(fleet.ray_resource, fleet.ray_labels):
+            raise loc.error(fleet_key(index, "host"), "a fleet runs in a host or on a Ray node "
+                            "(ray_resource), not both")
     roles = {f.role for f in spec.fleets}
     if "aggregated" in roles and len(roles) > 1:
         raise loc.error(("fleet",), "aggregated fleets cannot be mixed with prefill/decode fleets")
@@ -478,6 +563,32 @@ def _check_host_ref(spec: TopologySpec, host: Any, key: tuple, loc: _Locator) ->
     if not isinstance(host, str) or host not in spec.hosts:
         known = ", ".join(spec.hosts) or "none declared; add a [hosts.NAME] table"
         raise loc.error(key, f"{host!r}: unknown host (hosts: {known})")
+
+
+#: A Ray custom resource name, as `ray start --resources` takes it.
+_RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+def _check_ray_resource(value: Any, key: tuple, loc: _Locator) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not _RAY_RESOURCE.fullmatch(value) or value in (
+            "CPU", "GPU", "memory", "object_store_memory"):
+        raise loc.error(key, f"{value!r}: expected a custom resource name (letters, digits, "
+                        "'_', '.', '-'; not CPU/GPU/memory)")
+
+
+#: A Ray node label's key (`ray start --labels`; Kubernetes-style, an optional prefix/).
+_RAY_LABEL_KEY = re.compile(r"([a-z0-9.\-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.\-]{0,61}[A-Za-z0-9])?")
+
+
+def _check_ray_labels(value: Any, key: tuple, loc: _Locator) -> None:
+    if not isinstance(value, dict):
+        raise loc.error(key, 'expected a table of label = "value"')
+    for name, label in value.items():
+        if not _RAY_LABEL_KEY.fullmatch(name) or not isinstance(label, str) or not label:
+            raise loc.error(key, f"{name!r} = {label!r}: expected a label key (letters, digits, "
+                            "'_', '.', '-') and a non-empty string value")
 
 
 def _check_system(spec: TopologySpec, loc: _Locator) -> None:

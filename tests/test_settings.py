@@ -69,7 +69,7 @@ def every_field_changed(tmp_path: Path) -> dict[type[Settings], dict[str, Any]]:
             worker_id="sidecar-3", server_nodelay=False, grace_period=1.5,
             inflight_timeout=3.5, startup_deadline=9.0, connect_attempt_timeout=4.0,
             retry_interval=0.5, heartbeat=0.25, ttl=3.0, stale_load=7.0, stall=0.75,
-            probe_timeout=1.25, log_level="warning",
+            probe_timeout=1.25, keepalive=2.5, keepalive_timeout=3.5, log_level="warning",
         ),
         FrontendSettings: dict(
             listen="127.0.0.1:8123", discovery="etcd://127.0.0.1:2379/x", discovery_ttl=3.5,
@@ -292,7 +292,8 @@ def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
             restart_engine="on-failure", restart_sidecar="never", model="m-5",
             tokenizer=str(tokenizer), migration_limit=3, enforce_disagg=False, name="n-1",
             ready_timeout=12.5, grace=0.5)],
-        "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup")],
+        "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup",
+                            ray="127.0.0.1:6379")],
         "NagleSettings": [dict(
             out=tmp_path / "nagle", requests=50, arms="control,suspect", gap_ms="5,10", many=8,
             threshold_ms=12.5, speedup=250.0, isl=16, osl=8, seed=3, warmup=2, timeout_s=30.0,

@@ -77,18 +77,27 @@ def delta_pct(base: float | None, other: float | None) -> float | None:
 
 
 def level_axis(runs: list[RunData]) -> str:
-    """'rate' when every run is an open-loop sweep, else 'concurrency'."""
+    """'trace' when every run replays a trace (one level each, aligned whatever the trace's
+    rate), 'rate' when every run is an open-loop sweep, else 'concurrency'."""
+    if all(((r.config or {}).get("sweep") or {}).get("trace") for r in runs):
+        return "trace"
     rated = all("rate" in r.levels and r.levels["rate"].notna().all() and len(r.levels)
                 for r in runs)
     return "rate" if rated else "concurrency"
 
 
 def compared(axis: str) -> tuple[tuple[str, str], ...]:
-    return COMPARED + OPEN_LOOP_COMPARED if axis == "rate" else COMPARED
+    return COMPARED + OPEN_LOOP_COMPARED if axis in ("rate", "trace") else COMPARED
 
 
 def _level(axis: str, value: Any) -> str:
+    if axis == "trace":
+        return "trace"
     return f"{float(value):g}/s" if axis == "rate" else str(int(value))
+
+
+def _axis_of(aligned: pd.DataFrame) -> str:
+    return next((a for a in ("trace", "rate") if a in aligned), "concurrency")
 
 
 def align(runs: list[RunData]) -> pd.DataFrame:
@@ -98,6 +107,8 @@ def align(runs: list[RunData]) -> pd.DataFrame:
     axis = level_axis(runs)
     keep = [r.levels[r.levels["rate"].isna()] if axis == "concurrency" and "rate" in r.levels
             else r.levels for r in runs]  # an open-loop run shares no concurrency level
+    if axis == "trace":  # a replay is one level: the runs' replays line up with each other
+        keep = [k.assign(trace=0) for k in keep]
     base = keep[0].set_index(axis)
     others = [k.set_index(axis) for k in keep[1:]]
     concs = sorted(set(base.index).intersection(*[set(o.index) for o in others])) if others else []
@@ -112,7 +123,7 @@ def align(runs: list[RunData]) -> pd.DataFrame:
                 row[f"{col}|{run.label}"] = v
                 row[f"{col}|{run.label}|delta_pct"] = delta_pct(b, v)
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=[axis])
 
 
 def _fmt_pct(x: float) -> str:
@@ -124,8 +135,9 @@ def throughput_sentence(aligned: pd.DataFrame, base_label: str, label: str,
     """'disaggregated costs 4.1% throughput at 32, 11.8% at 128' (and/or 'gains ...')."""
     col = f"req_s|{label}|delta_pct"
     if aligned.empty or col not in aligned:
-        return f"{label} and {base_label} share no concurrency level: nothing to compare"
-    axis = "rate" if "rate" in aligned else "concurrency"
+        axis = _axis_of(aligned)
+        return f"{label} and {base_label} share no {axis} level: nothing to compare"
+    axis = _axis_of(aligned)
     costs, gains, same = [], [], []
     for c, d in zip(aligned[axis], aligned[col], strict=True):
         if d is None or pd.isna(d):
@@ -163,8 +175,8 @@ def compare_sentences(runs: list[RunData], aligned: pd.DataFrame) -> list[str]:
 
 def table_rows(runs: list[RunData], aligned: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the printed comparison: per metric, each run's value and deltas."""
-    axis = "rate" if "rate" in aligned else "concurrency"
-    header = ["Rate" if axis == "rate" else "Conc"]
+    axis = _axis_of(aligned)
+    header = [{"rate": "Rate", "trace": "Level"}.get(axis, "Conc")]
     for _, name in compared(axis):
         header.append(f"{name} ({runs[0].label})")
         for r in runs[1:]:

@@ -3,10 +3,17 @@
 For levels sorted by concurrency, with request throughput T and average latency L, the marginal
 efficiency of step i is
 
-    e_i = (T_i / T_{i-1} - 1) / (L_i / L_{i-1} - 1)     (latency that did not rise: e_i = +inf)
+    e_i = ln(T_i / T_{i-1}) / ln(L_i / L_{i-1})     (latency that did not rise: e_i = +inf)
 
 The knee is the last level before the first step whose efficiency falls below the threshold
 (0.1 by default). If no step falls below it, there is no knee within the sweep.
+
+Why logarithms: a closed loop's step multiplies concurrency by c_i / c_{i-1} = (T_i / T_{i-1}) x
+(L_i / L_{i-1}) (Little's law), so in logs the step splits into what became throughput and what
+became latency, and e_i compares the two on the same scale. The ratio of relative changes
+(T_i / T_{i-1} - 1) / (L_i / L_{i-1} - 1) does not: from c=1 at a fast engine (latency a few ms)
+a step that doubles throughput and multiplies latency 15x scored 1.07 / 14 = 0.08 and put the
+knee at 1; in logs it is 0.69 / 2.7 = 0.27, and the knee lands where throughput flattens.
 """
 
 from __future__ import annotations
@@ -44,11 +51,15 @@ class Knee:
 
 
 def efficiency(t_prev: float, t: float, l_prev: float, lat: float) -> float:
-    dt = t / t_prev - 1 if t_prev else math.inf
-    dl = lat / l_prev - 1 if l_prev else math.inf
-    if dl <= 0:
+    """ln(T gain) / ln(L gain) of one step (the module docstring); +inf when latency did not
+    rise, -inf when throughput fell to zero, +inf from a zero (or unmeasured) level."""
+    if l_prev <= 0 or t_prev <= 0:
         return math.inf
-    return dt / dl
+    if lat <= l_prev:
+        return math.inf
+    if t <= 0:
+        return -math.inf
+    return math.log(t / t_prev) / math.log(lat / l_prev)
 
 
 def find_knee(concurrency: Sequence[int], throughput: Sequence[float],

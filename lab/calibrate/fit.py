@@ -14,7 +14,7 @@ Prefill and path: each concurrency-1 ``context`` probe at prompt length T gives
 `lab_path(T)` is the lab's own HTTP + request-plane + gRPC path at T prompt tokens (measured on
 a lab stack whose engine takes a known fixed time, or given), and `first_decode(T)` is the
 decode step the lab mocker charges for the first token where the engine type's
-``first_token_decode`` default is on (``trtllm``; none under ``vllm``). `rest(T)` is the
+``first_token_decode`` default is on (off under both policies today). `rest(T)` is the
 target's prefill plus whatever of its own path exceeds the lab's. The ``overlap`` probe at T
 separates the two: its prefill gap (a pass that held one T-token prefill, seen from another
 stream, minus a plain pass) is the engine's prefill alone. So prefill(T) = that gap, and
@@ -22,6 +22,11 @@ request(T) = rest(T) - prefill(T), a per-request latency that holds no engine pa
 profile's ``request`` rows). Without an overlap gap at T, the prefill knot is rest(T): the
 target's path is then charged per pass, which is right at concurrency 1 and too much once
 passes batch several requests (docs/fidelity.md).
+
+A target whose path holds the first token back (TTFT flat over short prompts while the
+prefill grows) is fitted as a first-token floor instead (`choose_request_mode`): the request
+knots are then the engine-side time before which no first token is emitted (``request_mode:
+floor``), and the request is scheduled at once.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ from mocker.engine.timing import DECODE_FLOOR_MS, PROFILE_COLUMNS, Interp1D
 
 #: a prefix probe whose TTFT saves at least this share of the fitted prefill: the target caches
 PREFIX_CACHE_SHARE = 0.5
+#: the floor model must explain the context lengths this many times better than the delay
+FLOOR_SSE_RATIO = 4.0
+#: a floor binds at a length when it is this far above that length's prefill (+ first step)
+FLOOR_MIN_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,12 @@ class Fit:
     prefix_cache: bool | None = None  # None: no prefix probe
     prefix_saving_share: float | None = None
     warnings: list[str] = field(default_factory=list)
+    #: how the request knots apply (mocker/engine/config.py REQUEST_MODES): ``delay`` = a
+    #: latency before scheduling, ``floor`` = the engine-side time before which no first token
+    #: is emitted (`choose_request_mode`)
+    request_mode: str = "delay"
+    #: the two models' squared errors over the context lengths (ms^2) and the fitted floor
+    mode_evidence: dict[str, float] = field(default_factory=dict)
 
     def prefill_fn(self) -> Interp1D:
         return Interp1D([(k.tokens, k.ms) for k in self.prefill])
@@ -105,7 +120,8 @@ class Fit:
                 "decode": [k.__dict__ for k in self.decode],
                 "request": [k.__dict__ for k in self.request],
                 "lab_path_ms": {str(k): v for k, v in self.lab_path_ms.items()},
-                "prefix_cache": self.prefix_cache,
+                "prefix_cache": self.prefix_cache, "request_mode": self.request_mode,
+                "mode_evidence": self.mode_evidence,
                 "prefix_saving_share": self.prefix_saving_share,
                 "residuals": self.residuals(), "warnings": self.warnings}
 
@@ -184,6 +200,7 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
                if r.probe.kind == "overlap" and math.isfinite(r.prefill_gap_ms)}
     prefill: list[Knot] = []
     request: list[Knot] = []
+    lengths: list[tuple[float, float, float, float]] = []  # (T, rest, prefill, first)
     for r in results:
         if r.probe.kind != "context":
             continue
@@ -209,6 +226,7 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
                                 f"decode step {first:.2f}"))
             continue
         ms = min(engine_ms, rest)
+        lengths.append((t, rest, ms, first))
         prefill.append(Knot("prefill", t, ms, f"overlap-isl{r.probe.isl}", engine_ms,
                             "a pass seen from another stream"))
         request.append(Knot("request", t, rest - ms, r.probe.name, r.ttft_ms_p50,
@@ -218,8 +236,56 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
         raise ValueError("no concurrency-1 context probe measured a TTFT: cannot fit prefill")
     fit = Fit(engine_type, _merge(prefill), decode, dict(lab_path_ms), _merge(request),
               warnings=warnings)
+    mode, evidence = choose_request_mode(lengths)
+    fit.mode_evidence = evidence
+    if mode == "floor":
+        fit.request_mode = "floor"
+        # the lab mocker releases a held first token at the first pass end past the floor,
+        # on average half a decode step late at concurrency 1: the knot leaves that out
+        fit.request = _merge([Knot("request", t, max(rest + first - dfn(t) / 2, 0.0), "floor",
+                                   rest + first,
+                                   f"first token no earlier: rest {rest:.2f} + first decode "
+                                   f"step {first:.2f} - half a step {dfn(t) / 2:.2f} "
+                                   f"(prefill {pf:.2f})")
+                              for t, rest, pf, first in lengths])
     _prefix_effect(fit, results)
     return fit
+
+
+def _floor_sse(lengths: Sequence[tuple[float, float, float, float]], floor: float) -> float:
+    return sum((rest + first - max(floor, pf + first)) ** 2 for _, rest, pf, first in lengths)
+
+
+def choose_request_mode(lengths: Sequence[tuple[float, float, float, float]]
+                        ) -> tuple[str, dict[str, float]]:
+    """``floor`` or ``delay`` for the request knots, from (T, rest(T), prefill(T), first(T))
+    of each context length, and the evidence.
+
+    Two one-parameter models of the engine-side time to the first token, a(T) = rest(T) +
+    first(T), against b(T) = prefill(T) + first(T): a path latency in front of the engine,
+    a = R + b (the request waits R before it is scheduled), or a first-token floor, a =
+    max(F, b) (the path holds the first token back while the engine works: Dynamo 1.6.1,
+    docs/fidelity.md). A target's TTFT that stays flat while its prefill grows is the floor.
+    The floor is chosen when it explains the lengths at least FLOOR_SSE_RATIO times better and
+    binds (F above b by FLOOR_MIN_MS) at two lengths or more; else the delay, which is also
+    what a target without extra path time (R ~ 0, both models alike) gets."""
+    evidence: dict[str, float] = {}
+    if len(lengths) < 3:
+        return "delay", evidence
+    diffs = [rest - pf for _, rest, pf, _ in lengths]
+    mean = sum(diffs) / len(diffs)
+    sse_delay = sum((d - mean) ** 2 for d in diffs)
+    tops = [rest + first for _, rest, _, first in lengths]
+    lo, hi = min(tops), max(tops)
+    grid = [lo + (hi - lo) * i / 400 for i in range(401)]
+    floor = min(grid, key=lambda f: _floor_sse(lengths, f))
+    sse_floor = _floor_sse(lengths, floor)
+    binds = sum(1 for _, _, pf, first in lengths if floor - (pf + first) >= FLOOR_MIN_MS)
+    evidence = {"sse_delay_ms2": sse_delay, "sse_floor_ms2": sse_floor, "floor_ms": floor,
+                "delay_ms": mean, "floor_binds_at": float(binds)}
+    if binds >= 2 and sse_floor * FLOOR_SSE_RATIO < sse_delay:
+        return "floor", evidence
+    return "delay", evidence
 
 
 def _prefix_effect(fit: Fit, results: Sequence[ProbeResult]) -> None:
@@ -234,7 +300,18 @@ def _prefix_effect(fit: Fit, results: Sequence[ProbeResult]) -> None:
                                 "prefix-cache effect cannot be measured")
             return
         first = fit.decode_ms(t) if DEFAULT_FIRST_TOKEN_DECODE[fit.engine_type] else 0.0
-        fresh = path_at(fit.lab_path_ms, t) + fit.request_ms(t) + prefill + first
+        if fit.request_mode == "floor":
+            # a cached prompt still waits for the floor: a saving of half the prefill shows
+            # only where the floor is below what is left of the pass
+            if fit.request_ms(t) >= first + prefill * (1 - PREFIX_CACHE_SHARE):
+                fit.warnings.append(f"{r.probe.name}: the first-token floor at {t:g} tokens "
+                                    f"({fit.request_ms(t):.2f} ms) hides the prefill "
+                                    f"({prefill:.2f} ms): the prefix-cache effect cannot be "
+                                    "measured (left at the lab's default)")
+                return
+            fresh = path_at(fit.lab_path_ms, t) + max(fit.request_ms(t), prefill + first)
+        else:
+            fresh = path_at(fit.lab_path_ms, t) + fit.request_ms(t) + prefill + first
         fit.prefix_saving_share = (fresh - r.ttft_ms_p50) / prefill
         fit.prefix_cache = fit.prefix_saving_share >= PREFIX_CACHE_SHARE
         return
@@ -255,8 +332,10 @@ def write_profile(fit: Fit, path: Path) -> Path:
 
 def engine_args(fit: Fit, profile_path: Path) -> dict[str, Any]:
     """Engine args (`--engine-args`) that run the lab mocker on the fitted profile."""
-    args: dict[str, Any] = {"engine_type": fit.engine_type,
-                            "timing": {"type": "profile", "path": str(profile_path.resolve())}}
+    timing: dict[str, Any] = {"type": "profile", "path": str(profile_path.resolve())}
+    if fit.request_mode != "delay":
+        timing["request_mode"] = fit.request_mode
+    args: dict[str, Any] = {"engine_type": fit.engine_type, "timing": timing}
     if fit.prefix_cache is not None:
         args["enable_prefix_caching"] = fit.prefix_cache
     return args

@@ -146,27 +146,60 @@ def decode_step_ms(requests: pd.DataFrame) -> float:
     """The engine's decode pass of a probe, from the client's chunk stamps (ms).
 
     Per measured request: the mean of the gaps between its consecutive tokens, leaving out
-    every gap during which another request's first token arrived (that pass held a prefill).
-    A mean within a stream, not a median: when the serving path lags, tokens arrive in bursts
+    every gap whose pass held another request's prefill and a first-token burst (`_lead`). A
+    mean within a stream, not a median: when the serving path lags, tokens arrive in bursts
     (a long gap, then near-zero ones) and only their sum keeps the engine's time. Then the
     median over requests, so one request slowed by a neighbour's CPU burst does not move it."""
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
-    per_request = [float(gaps[hits == 0].mean()) / 1e6 for gaps, hits in _stream_gaps(requests)
-                   if (hits == 0).any()]
+    per_request = []
+    for gaps, at_first, held in _stream_gaps(requests):
+        use = (at_first == 0) & (held == 0)
+        use[: _lead(gaps)] = False
+        if use.any():
+            per_request.append(float(gaps[use].mean()) / 1e6)
     return float(np.median(per_request)) if per_request else math.nan
 
 
-def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per measured request: (its token gaps in ns, how many other requests' first tokens came
-    from the pass of each gap).
+#: a gap shorter than the engine's shortest step (timing.DECODE_FLOOR_MS) is no pass
+BURST_GAP_NS = 1_000_000
 
-    Another request's first token comes from the same pass end as one of this stream's tokens,
-    and which of the two the client reads first is chance: the pass is the gap that ends at
-    the stream's token nearest to it (not the gap the stamp happens to fall in)."""
+
+def _lead(gaps: np.ndarray) -> int:
+    """How many leading gaps of a stream are not engine passes: where the serving path held
+    the first token back (a first-token floor), the tokens produced meanwhile arrive with it
+    in one burst (gaps shorter than any step), and the gap after the burst is the rest of a
+    pass that was running when the hold ended. 0 for a stream without such a burst."""
+    n = 0
+    while n < gaps.size and gaps[n] < BURST_GAP_NS:
+        n += 1
+    return min(n + 1, gaps.size) if n else 0
+
+
+def _stream_gaps(requests: pd.DataFrame
+                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per measured request: (its token gaps in ns, per gap how many other requests' first
+    tokens its pass produced, per gap how many other requests' prefills it held).
+
+    Another request B is prefilled in a pass between B's send and its first token. Its first
+    token comes from the same pass end as one of this stream's tokens (which of the two the
+    client reads first is chance), unless the serving path holds B's first token back (a
+    first-token floor, docs/fidelity.md): then the prefill pass lies earlier. So the held pass
+    is the longest gap among those ending after B was sent and no later than this stream's
+    token nearest B's first token: without a floor that window is the one or two gaps of B's
+    path and prefill, with one it reaches back over the held time. A B sent before this
+    stream's own first-token burst ended is left out (its pass may be inside the burst).
+
+    Under many streams a request's prefill is chunked over several passes and its window is
+    long: the longest gap in it is one of them, the pass at its first token another, and both
+    are left out of the decode step (`decode_step_ms`); the prefill estimate of the two-stream
+    overlap probe uses the window's (`prefill_gap_ms`)."""
     ok = requests[requests["ok"].astype(bool)]
-    firsts = np.sort(pd.to_numeric(ok["first_ns"], errors="coerce").dropna()
-                     .to_numpy(dtype=np.int64))
+    sent = pd.to_numeric(ok["sent_ns"], errors="coerce") if "sent_ns" in ok else None
+    first = pd.to_numeric(ok["first_ns"], errors="coerce")
+    keep = first.notna() if sent is None else first.notna() & sent.notna()
+    firsts = first[keep].to_numpy(dtype=np.int64)
+    sents = (sent[keep].to_numpy(dtype=np.int64) if sent is not None else firsts)
     out = []
     for row in ok[~ok["warmup"].astype(bool)].itertuples():
         t = np.asarray(row.chunk_times_ns if row.chunk_times_ns is not None else [],
@@ -175,12 +208,19 @@ def _stream_gaps(requests: pd.DataFrame) -> list[tuple[np.ndarray, np.ndarray]]:
             continue
         gaps = np.diff(t)
         half_last = gaps[-1] // 2
-        others = firsts[(firsts > t[0]) & (firsts <= t[-1] + half_last)]
+        inside = (firsts > t[0]) & (firsts <= t[-1] + half_last)
+        others, their_sends = firsts[inside], sents[inside]
         idx = np.clip(np.searchsorted(t, others), 1, t.size - 1)
         nearer_left = (others - t[idx - 1]) < (t[idx] - others)
         end = np.where(nearer_left & (idx > 1), idx - 1, idx)  # the token ending the pass
-        hits = np.bincount(end - 1, minlength=gaps.size)[: gaps.size]
-        out.append((gaps, hits))
+        # the earliest token that may end the prefill pass: the first one after B was sent
+        start = np.clip(np.searchsorted(t, their_sends, side="right"), 1, end)
+        lead = _lead(gaps)
+        held = [s - 1 + int(np.argmax(gaps[s - 1:e])) for s, e in zip(start, end, strict=True)
+                if s > lead]
+        at_first = np.bincount(end - 1, minlength=gaps.size)[: gaps.size]
+        hits = np.bincount(np.asarray(held, dtype=np.int64), minlength=gaps.size)[: gaps.size]
+        out.append((gaps, at_first, hits))
     return out
 
 
@@ -191,9 +231,11 @@ def prefill_gap_ms(requests: pd.DataFrame) -> float:
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
     held, plain = [], []
-    for gaps, hits in _stream_gaps(requests):
+    for gaps, at_first, hits in _stream_gaps(requests):
+        plain_gap = (hits == 0) & (at_first == 0)
+        plain_gap[: _lead(gaps)] = False
         held.extend(gaps[hits == 1].tolist())
-        plain.extend(gaps[hits == 0].tolist())
+        plain.extend(gaps[plain_gap].tolist())
     if not held or not plain:
         return math.nan
     return (float(np.median(held)) - float(np.median(plain))) / 1e6

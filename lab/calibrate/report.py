@@ -9,6 +9,7 @@ from pathlib import Path
 from lab.calibrate.fit import Fit, path_at
 from lab.calibrate.probes import ProbeResult
 from lab.report.markdown import fnum, md_table
+from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE
 
 
 def _pct(v: float) -> str:
@@ -30,7 +31,7 @@ def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
               f"{lab or '0'}. "
               f"Engine type `{fit.engine_type}`"
               + (" (its first-token decode step is subtracted too)."
-                 if fit.engine_type == "trtllm" else "."), "",
+                 if DEFAULT_FIRST_TOKEN_DECODE[fit.engine_type] else "."), "",
               "A residual is the knot against the profile built without it (interpolated or "
               "extrapolated from the others): how far the curve is from straight between probe "
               "points.", ""]
@@ -43,17 +44,26 @@ def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
         lines += [f"Prefix cache: the repeated prompt saved {100 * fit.prefix_saving_share:.0f}% "
                   f"of the fitted prefill -> `enable_prefix_caching: "
                   f"{str(fit.prefix_cache).lower()}`.", ""]
+    ev = fit.mode_evidence
+    if ev:
+        lines += [f"Request knots as `{fit.request_mode}`: squared error over the context "
+                  f"lengths of a latency before scheduling ({ev['delay_ms']:.2f} ms) "
+                  f"{ev['sse_delay_ms2']:.1f} ms^2, of a first-token floor "
+                  f"({ev['floor_ms']:.2f} ms, binding at {ev['floor_binds_at']:.0f} lengths) "
+                  f"{ev['sse_floor_ms2']:.1f} ms^2.", ""]
     lines += ["## Path and prefill", ""]
     for k in fit.prefill:
         t = int(k.tokens)
         ttft = _ttft_at(results, t)
         if k.source.startswith("overlap"):
+            extra = (f"max(first-token floor {fit.request_ms(t):.2f}, prefill {k.ms:.2f} (a pass "
+                     f"seen from another stream))" if fit.request_mode == "floor" else
+                     f"prefill {k.ms:.2f} (a pass seen from another stream) + the target's path "
+                     f"beyond the lab's {fit.request_ms(t):.2f} (a per-request latency, no pass)")
             lines.append(f"- {t} tokens: target TTFT {fnum(ttft, 2)} ms = lab path "
-                         f"{path_at(fit.lab_path_ms, t):.2f} + prefill {k.ms:.2f} (a pass seen "
-                         f"from another stream) + the target's path beyond the lab's "
-                         f"{fit.request_ms(t):.2f} (a per-request latency, no pass)"
+                         f"{path_at(fit.lab_path_ms, t):.2f} + {extra}"
                          + (f" + first decode step {fit.decode_ms(t):.2f}"
-                            if fit.engine_type == "trtllm" else "") + ".")
+                            if DEFAULT_FIRST_TOKEN_DECODE[fit.engine_type] else "") + ".")
         else:
             lines.append(f"- {t} tokens: target TTFT {fnum(ttft, 2)} ms; no overlap gap, so the "
                          f"prefill knot {k.ms:.2f} ms also holds the target's own path.")

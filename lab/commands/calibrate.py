@@ -91,8 +91,8 @@ def say_to_stderr(quiet: bool) -> Any:
               help="Prompt length of the repeated-prompt probe (prefix-cache effect); 0 = none.")
 @click.option("--engine-type", type=click.Choice(["trtllm", "vllm"]), default="trtllm",
               show_default=True,
-              help="Admission policy of the fitted lab mocker (trtllm charges a decode step "
-              "for the first token; the fit subtracts it from prefill).")
+              help="Admission policy of the fitted lab mocker (where its first_token_decode "
+              "default is on, the fit subtracts that step from prefill; off for both today).")
 @click.option("--lab-path-ms", type=FiniteFloatRange(min=0, max=MAX_SECONDS * 1000),
               default=None, metavar="MS",
               help="The lab's own HTTP + request-plane + gRPC time to first token, subtracted "
@@ -212,11 +212,11 @@ async def measure(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet, wo
 
     out_dir = run_dir / "lab-path"
     out_dir.mkdir()
-    fixed = {"engine_type": kw["engine_type"],
+    # no first-token decode step: the engine's time to the first token is the prefill alone
+    fixed = {"engine_type": kw["engine_type"], "first_token_decode": False,
              "timing": {"type": "fixed", "prefill_ms": LAB_PATH_PREFILL_MS,
                         "decode_ms": LAB_PATH_DECODE_MS}}
-    engine_ms = LAB_PATH_PREFILL_MS + (LAB_PATH_DECODE_MS if kw["engine_type"] == "trtllm"
-                                       else 0.0)
+    engine_ms = LAB_PATH_PREFILL_MS
     spec = lab_spec(speedup=1.0, tokenizer=kw["tokenizer"], name="lab-path",
                     engine_args=json.dumps(fixed))
 

@@ -1,5 +1,7 @@
-"""`lab compare RUN_A RUN_B [...]`: one table aligned by concurrency with deltas (%) against
-RUN_A, a sentence per run, and overlay plots (into --out, or RUN_A/compare/)."""
+"""`lab compare RUN_A RUN_B [...]`: one table aligned by level (concurrency, offered rate, or
+the trace replay) with deltas (%) against RUN_A, each run's load shape, a sentence per run, a
+warning when their loads differ beside the levels (a usage error when their shapes cannot be
+compared at all), and overlay plots (into --out, or RUN_A/compare/)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ def compare(runs: tuple[str, ...], out: Path | None, no_plots: bool) -> None:
     """Compare sweep runs (run directories or run names under results/), the first as baseline."""
     from lab.analysis.rundir import REQUESTS
     from lab.report.comparison import compare_runs
+    from lab.report.shape_check import ShapeMismatch
     from launch.errors import RunError
     from launch.rundir import resolve_run
 
@@ -34,7 +37,10 @@ def compare(runs: tuple[str, ...], out: Path | None, no_plots: bool) -> None:
         if not (path / REQUESTS).exists():
             raise click.BadParameter(f"{path} has no {REQUESTS}", param_hint=f"'RUN' ({run})")
         paths.append(path)
-    result = compare_runs(paths, out or paths[0] / "compare", make_plots=not no_plots)
+    try:
+        result = compare_runs(paths, out or paths[0] / "compare", make_plots=not no_plots)
+    except ShapeMismatch as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(result.text)
     click.echo(f"\nwrote {result.out_dir / 'compare.md'}"
                + (f" and {len(result.plots)} plots" if result.plots else ""))

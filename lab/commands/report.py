@@ -19,6 +19,7 @@ def report(run: str, no_plots: bool, knee_threshold: float | None) -> None:
     from lab.analysis.rundir import REQUESTS
     from lab.report.build import build_run, summary_lines
     from lab.report.markdown import client_sentence, results_table
+    from lab.report.turns import turns_table
     from launch.errors import RunError
     from launch.rundir import resolve_run
 
@@ -35,5 +36,7 @@ def report(run: str, no_plots: bool, knee_threshold: float | None) -> None:
     for line in summary_lines(analysis):
         click.echo(line)
     click.echo(client_sentence(analysis.table))
+    if not analysis.turns.empty:
+        click.echo("\nper turn:\n" + turns_table(analysis.turns))
     click.echo(f"wrote {path / 'levels.csv'}, {path / 'levels.json'}, {path / 'report.md'}"
                + ("" if no_plots else f" and {len(analysis.plots)} plots in {path / 'plots'}"))

@@ -165,14 +165,16 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
             raise click.BadParameter(f"{cap} is below the {remote.streams_for()} Ray client "
                                      "actors it is split over", param_hint="'--max-concurrency'")
         code = _sweep(settings, client, topology, target, name, plan, workload, shard_plan,
-                      remote)
+                      remote, ray.ray)
     sys.exit(code)
 
 
 def _sweep(settings: SweepSettings, client: ClientSettings, topology: dict[str, Any],
            target: str | None, name: str, plan: SweepPlan, workload: WorkloadSpec,
-           shard_plan: ShardPlan | None, remote: RemoteClients | None) -> int:
-    """Run the sweep the options describe (against --target, both modes, or one stack)."""
+           shard_plan: ShardPlan | None, remote: RemoteClients | None,
+           ray_address: str | None = None) -> int:
+    """Run the sweep the options describe (against --target, both modes, or one stack);
+    `ray_address` (--ray): the cluster the topology's Ray-placed processes run on."""
     if target:
         info = target_or_exit(target, topology.get("model"), workload, client.timeout,
                               quiet=settings.quiet)
@@ -194,13 +196,26 @@ def _sweep(settings: SweepSettings, client: ClientSettings, topology: dict[str, 
                                                         "engines": None}))]
         for _, spec in specs:
             check_faults(settings.faults, spec)
+            _check_placement(spec, ray_address)
         run_dir = make_dir(name, settings.out)
         return run_compare_disagg(run_dir, specs, plan, settings, topology.get("name"),
-                                  remote=remote)
+                                  remote=remote, ray_address=ray_address)
     spec = spec_from_options(**topology)
     check_faults(settings.faults, spec)
+    _check_placement(spec, ray_address)
     run_dir = make_dir(name, settings.out)
-    return run_launched(run_dir, spec, plan, settings, topology.get("name"), remote=remote)
+    return run_launched(run_dir, spec, plan, settings, topology.get("name"), remote=remote,
+                        ray_address=ray_address)
+
+
+def _check_placement(spec: TopologySpec, ray_address: str | None) -> None:
+    """A topology placing processes on Ray needs --ray (and etcd discovery, no hosts)."""
+    from launch.errors import TopologyError
+
+    try:
+        spec.check_ray(ray_address)
+    except TopologyError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _check_ray(ray: RaySettings, client: ClientSettings, shard: ShardSettings) -> None:
@@ -357,7 +372,7 @@ async def _main_task_guard() -> asyncio.Task:
 
 async def _launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan,
                     faults: tuple[FaultSpec, ...], quiet: bool,
-                    remote: RemoteClients | None = None) -> None:
+                    remote: RemoteClients | None = None, ray_address: str | None = None) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
     from launch.stack import Stack
 
@@ -366,9 +381,12 @@ async def _launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan,
     if not quiet:
         _echo(f"launching {spec.name}: " + ", ".join(
             f"{f.count}x {f.role}" for f in spec.fleets) + f" -> {run_dir}", err=True)
-    async with Stack(spec, run_dir) as stack:
+    async with Stack(spec, run_dir, ray_address=ray_address) as stack:
         if not quiet:
             _echo(f"stack ready: {stack.frontend_url} (model {stack.model})", err=True)
+            for agent in stack.ray_fleet.describe() if stack.ray_fleet is not None else ():
+                _echo(f"ray agent {agent['agent']}: node {str(agent.get('node_id'))[:12]} "
+                      f"(pid {agent.get('pid')}): {', '.join(agent['processes'])}", err=True)
             stack.on_event(_event_printer(progress))
         runner = SweepRunner(run_dir, stack.frontend_url, stack.model, plan, progress=progress,
                              procs_samples=stack.cpu_samples, remote=remote)
@@ -405,12 +423,13 @@ def _run(coro_factory: Any) -> int:
 
 def run_launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan, settings: SweepSettings,
                  name: str | None, title: str | None = None,
-                 remote: RemoteClients | None = None) -> int:
+                 remote: RemoteClients | None = None, ray_address: str | None = None) -> int:
     """`name`: the --name given (None: not given), as the sweep's config records it."""
     from launch.config import write_config
 
     write_config(run_dir, spec, extra={"sweep": _sweep_config(plan, settings, name)})
-    code = _run(lambda: _launched(run_dir, spec, plan, settings.faults, settings.quiet, remote))
+    code = _run(lambda: _launched(run_dir, spec, plan, settings.faults, settings.quiet, remote,
+                                  ray_address))
     _print_results(run_dir, title, make_plots=not settings.no_plots)
     return code
 
@@ -461,7 +480,8 @@ def run_target(run_dir: Path, target: str, model: str, plan: SweepPlan, settings
 
 def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], plan: SweepPlan,
                        settings: SweepSettings, name: str | None,
-                       remote: RemoteClients | None = None) -> int:
+                       remote: RemoteClients | None = None,
+                       ray_address: str | None = None) -> int:
     """Both topologies into run_dir/<mode>/, then the comparison into run_dir/compare/."""
     from lab.report.comparison import compare_runs
 
@@ -470,7 +490,8 @@ def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], pla
         sub = run_dir / mode
         sub.mkdir()
         spec.name = f"{spec.name}-{mode}"
-        code = run_launched(sub, spec, plan, settings, name, title=mode, remote=remote)
+        code = run_launched(sub, spec, plan, settings, name, title=mode, remote=remote,
+                            ray_address=ray_address)
         if code != 0:
             return code
         dirs.append(sub)

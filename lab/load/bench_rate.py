@@ -2,11 +2,12 @@
 one-chunk-per-token server (`lab.load.fake_sse`, its own process), per client process.
 
     python -m lab.load.bench_rate                            # rates 250,500,1000,1500, OSL 128
-    python -m lab.load.bench_rate --rate 400,800 --repeat 5 --client-procs 2
+    python -m lab.load.bench_rate --rate 400,800 --repeat 5 --client-procs 1,2
 
 A rate is kept when the client sent at least 98% of the schedule's rate with dispatch lag p99 at
 most 1 ms (`lab.analysis.open_loop`, the same limits the report flags). Rounds alternate over the
-rates (r1, r2, ..., r1, r2, ...); figures are medians over the rounds.
+rates (r1, r2, ..., r1, r2, ...); figures are medians over the rounds. With several
+--client-procs counts, each gets its table and its ceiling (the issue's "per client process").
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ def _rates(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[fl
         raise click.BadParameter(str(exc)) from None
 
 
+def _counts(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not counts or any(not 1 <= k <= 64 for k in counts):
+        raise click.BadParameter(f"each count must be within 1..64 (got {value!r})")
+    return counts
+
+
 async def _one(url: str, model: str, rate: float, n: int, osl: int, procs: int,
                round_: int) -> dict:
     bodies = build_requests(WorkloadSpec(isl=136, osl=osl), model, n, level_seed=round_)
@@ -64,24 +75,31 @@ async def _one(url: str, model: str, rate: float, n: int, osl: int, procs: int,
               help="Output tokens per request (= SSE chunks from the fake server).")
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
               help="Rounds over the rates; the figures are medians.")
-@click.option("--client-procs", "procs", type=click.IntRange(min=1), default=1,
-              show_default=True, help="Client processes the schedule is split over.")
+@click.option("--client-procs", "procs_list", default="1", show_default=True,
+              callback=_counts,
+              help="Client process counts the schedule is split over, comma-separated: a "
+                   "table and a ceiling each.")
 @click.option("--model", default="fake", show_default=True, help="Model name sent.")
-def main(rates: tuple[float, ...], requests: int, osl: int, repeat: int, procs: int,
-         model: str) -> None:
+def main(rates: tuple[float, ...], requests: int, osl: int, repeat: int,
+         procs_list: tuple[int, ...], model: str) -> None:
     """Print, per Poisson rate, what the open-loop client sent and how late, and its ceiling."""
     server = FakeServer()
-    runs: dict[float, list[dict]] = {r: [] for r in rates}
     try:
-        click.echo(f"open-loop client benchmark against {server.url} (fake one-chunk-per-token "
-                   f"server), OSL {osl}, {procs} client process(es), {repeat} round(s), medians")
-        for round_ in range(repeat):
-            for rate in rates:
-                n = max(requests, round(rate * MIN_LEVEL_S))
-                runs[rate].append(uvloop.run(_one(server.url, model, rate, n, osl, procs,
-                                                  round_)))
+        for procs in procs_list:
+            _bench(server.url, rates, requests, osl, repeat, procs, model)
     finally:
         server.stop()
+
+
+def _bench(url: str, rates: tuple[float, ...], requests: int, osl: int, repeat: int, procs: int,
+           model: str) -> None:
+    runs: dict[float, list[dict]] = {r: [] for r in rates}
+    click.echo(f"open-loop client benchmark against {url} (fake one-chunk-per-token "
+               f"server), OSL {osl}, {procs} client process(es), {repeat} round(s), medians")
+    for round_ in range(repeat):
+        for rate in rates:
+            n = max(requests, round(rate * MIN_LEVEL_S))
+            runs[rate].append(uvloop.run(_one(url, model, rate, n, osl, procs, round_)))
     kept = []
     for rate in rates:
         med = {k: statistics.median(r[k] for r in runs[rate]) for k in runs[rate][0]}

@@ -143,6 +143,70 @@ def build_record(raw: RawResponse, sent: Sent, *, prefix: str, warmup: bool, pro
     return rec
 
 
+async def connect_for(origin: Origin, options: ClientOptions,
+                      raw: RawResponse) -> Http1Connection | None:
+    """A new connection for the request `raw` is for, or None with `raw` failed: its error
+    (`timeout` or `connect`, the message naming the origin) and its end stamped. Every driver
+    (closed loop, open loop, conversations) connects through here, so a failed connect is the
+    same row whichever sent it."""
+    try:
+        return await connect(origin, nodelay=options.http_nodelay, timeout_s=options.timeout_s)
+    except TimeoutError as exc:
+        raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
+    except OSError as exc:
+        raw.error_kind = "connect"
+        raw.error_message = (f"cannot connect to {origin.host}:{origin.port}: "
+                             f"{type(exc).__name__}: {exc}")
+    raw.done_ns = time.perf_counter_ns()
+    return None
+
+
+class RecordBook:
+    """What every driver keeps of its level: the records, their counts (and the level's
+    cross-process counters, when given: mp.Values the parent reports progress from), and the
+    event loop's lags (a LOOP_LAG_INTERVAL_S ticker's oversleep, ns)."""
+
+    def __init__(self, options: ClientOptions, warmup: int, proc: int,
+                 shared_done: Any = None, shared_errors: Any = None) -> None:
+        self.options = options
+        self.warmup = warmup
+        self.proc = proc
+        self.shared_done = shared_done
+        self.shared_errors = shared_errors
+        self.records: list[RequestRecord] = []
+        self.lags_ns: list[int] = []
+        self.done = 0
+        self.errors = 0
+
+    def book(self, sent: Sent, raw: RawResponse, keep_text: bool = False,
+             warmup: bool | None = None) -> RequestRecord:
+        """The record of a finished request, kept and counted (warm-up: the first `warmup`
+        request indices, unless told)."""
+        rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
+                           warmup=sent.request_index < self.warmup if warmup is None
+                           else warmup, proc=self.proc, keep_text=keep_text)
+        self.records.append(rec)
+        self.done += 1
+        if not rec.ok:
+            self.errors += 1
+        if self.shared_done is not None:
+            with self.shared_done.get_lock():
+                self.shared_done.value += 1
+            if not rec.ok:
+                with self.shared_errors.get_lock():
+                    self.shared_errors.value += 1
+        return rec
+
+    async def lag_ticker(self) -> None:
+        interval_ns = int(LOOP_LAG_INTERVAL_S * 1e9)
+        perf = time.perf_counter_ns
+        lags = self.lags_ns
+        while True:
+            t0 = perf()
+            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
+            lags.append(max(0, perf() - t0 - interval_ns))
+
+
 class _Payloads:
     """Request bytes and requested lengths by index; prebuilt for counted levels (outside the
     measured window), built on demand for timed levels."""
@@ -177,27 +241,22 @@ class _Shared:
     errors: Any = None
 
 
-class _Driver:
+class _Driver(RecordBook):
     """One process's share of a level: `concurrency` slot tasks over a shared index counter."""
 
     def __init__(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
                  options: ClientOptions, shared: _Shared | None = None, proc: int = 0,
                  indices: Sequence[int] | None = None) -> None:
+        super().__init__(options, warmup, proc, shared.done if shared else None,
+                         shared.errors if shared else None)
         self.url = url
         self.payloads = payloads
         self.concurrency = concurrency
-        self.warmup = warmup
-        self.options = options
         self.shared = shared
-        self.proc = proc
-        self.records: list[RequestRecord] = []
-        self.lags_ns: list[int] = []
         # the request indices this driver claims, in order (default: all of `payloads`); a
         # driver that shares no counter with the others (a Ray actor) gets its own share
         self.indices: Sequence[int] = range(payloads.n) if indices is None else indices
         self._next = 0
-        self.done = 0
-        self.errors = 0
         self.deadline_ns: int | None = None
         self._endpoint: str | None = None
         self.rid_prefix = options.request_id_prefix.encode()
@@ -223,27 +282,7 @@ class _Driver:
         return self.indices[k]
 
     def finish(self, sent: Sent, raw: RawResponse) -> None:
-        rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
-                           warmup=sent.request_index < self.warmup, proc=self.proc)
-        self.records.append(rec)
-        self.done += 1
-        if not rec.ok:
-            self.errors += 1
-        if self.shared is not None and self.shared.done is not None:
-            with self.shared.done.get_lock():
-                self.shared.done.value += 1
-            if not rec.ok:
-                with self.shared.errors.get_lock():
-                    self.shared.errors.value += 1
-
-    async def _lag_ticker(self) -> None:
-        interval_ns = int(LOOP_LAG_INTERVAL_S * 1e9)
-        perf = time.perf_counter_ns
-        lags = self.lags_ns
-        while True:
-            t0 = perf()
-            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
-            lags.append(max(0, perf() - t0 - interval_ns))
+        self.book(sent, raw)
 
     async def _progress_ticker(self, progress: Callable[[LevelProgress], None],
                                start_ns: int) -> None:
@@ -275,7 +314,7 @@ class _Driver:
         self.deadline_ns = deadline_ns
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         async with asyncio.TaskGroup() as tg:
-            ticker = tg.create_task(self._lag_ticker())
+            ticker = tg.create_task(self.lag_ticker())
             prog = tg.create_task(self._progress_ticker(progress, t0)) if progress else None
             async with asyncio.TaskGroup() as slots:
                 for _ in range(self.concurrency):
@@ -360,20 +399,8 @@ class _Slot:
     async def _connect(self, raw: RawResponse) -> Http1Connection | None:
         d = self.driver
         assert d.origin is not None  # set when the level starts, before any slot
-        try:
-            conn = await connect(d.origin, nodelay=d.options.http_nodelay,
-                                 timeout_s=d.options.timeout_s)
-        except TimeoutError as exc:
-            raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
-        except OSError as exc:
-            raw.error_kind = "connect"
-            raw.error_message = (f"cannot connect to {d.origin.host}:{d.origin.port}: "
-                                 f"{type(exc).__name__}: {exc}")
-        else:
-            self.conn = conn
-            return conn
-        raw.done_ns = time.perf_counter_ns()
-        return None
+        self.conn = await connect_for(d.origin, d.options, raw)
+        return self.conn
 
     async def run(self, start_ns: int) -> None:
         d = self.driver

@@ -30,10 +30,12 @@ from lab.load.client import (
     ClientOptions,
     LevelProgress,
     LevelResult,
+    RecordBook,
+    connect_for,
     endpoint_url,
 )
-from lab.load.http1 import Http1Connection, Origin, connect, post_request
-from lab.load.record import RequestRecord, Sent
+from lab.load.http1 import Http1Connection, Origin, post_request
+from lab.load.record import Sent
 from lab.load.sse import RawResponse
 from lab.load.workload import Prompts, WorkloadSpec, build_body, output_len
 
@@ -50,25 +52,20 @@ class Conversations:
         return {"turns": self.turns, "think_ms": self.think_ms}
 
 
-class _ConversationDriver:
+class _ConversationDriver(RecordBook):
     def __init__(self, url: str, spec: WorkloadSpec, model: str, level_seed: int,
                  shape: Conversations, options: ClientOptions, warmup: int) -> None:
+        super().__init__(options, warmup, 0)  # warmup: conversations (all their turns)
         self.spec = spec
         self.model = model
         self.level_seed = level_seed
         self.shape = shape
-        self.options = options
-        self.warmup = warmup  # conversations flagged warm-up (all their turns)
         self.prompts = Prompts(spec)
         self.origin = Origin.from_url(endpoint_url(url, {"messages": []}))
         self.head = self.origin.post_head(dict(_HEADERS))
-        self.records: list[RequestRecord] = []
-        self.errors = 0
 
     async def conversation(self, conv: int, start_ns: int) -> None:
         """All turns of conversation `conv`, the first due at `start_ns`."""
-        from lab.load.client import build_record
-
         perf = time.perf_counter_ns
         history: list[dict] = []
         conn: Http1Connection | None = None
@@ -90,11 +87,8 @@ class _ConversationDriver:
                 sent = Sent(index, due, released, isl, osl, bool(body.get("stream")), conv, turn)
                 raw = RawResponse(sent_ns=perf())
                 conn = await self._send(conn, raw, index, orjson.dumps(body), sent.streaming)
-                rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
-                                   warmup=conv < self.warmup, proc=0, keep_text=True)
-                self.records.append(rec)
+                rec = self.book(sent, raw, keep_text=True, warmup=conv < self.warmup)
                 if not rec.ok:
-                    self.errors += 1
                     return
                 history.append({"role": "assistant", "content": rec.text or ""})
                 rec.text = None  # kept only until the next turn carries it
@@ -109,17 +103,8 @@ class _ConversationDriver:
         when its response is read, with `raw` filled (an error is `raw.error_kind`)."""
         opts = self.options
         if conn is None or conn.closed:
-            try:
-                conn = await connect(self.origin, nodelay=opts.http_nodelay,
-                                     timeout_s=opts.timeout_s)
-            except TimeoutError as exc:
-                raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
-            except OSError as exc:
-                raw.error_kind = "connect"
-                raw.error_message = (f"cannot connect to {self.origin.host}:{self.origin.port}: "
-                                     f"{type(exc).__name__}: {exc}")
+            conn = await connect_for(self.origin, opts, raw)
             if conn is None:
-                raw.done_ns = time.perf_counter_ns()
                 return None
         done = asyncio.get_running_loop().create_future()
 
@@ -160,6 +145,7 @@ async def run_conversation_level(url: str, spec: WorkloadSpec, model: str, level
 
     async with asyncio.TaskGroup() as tg:
         tick = tg.create_task(ticker())
+        lag = tg.create_task(driver.lag_ticker())
         if offsets_ns is not None:
             async with asyncio.TaskGroup() as convs:
                 for conv, offset in enumerate(offsets_ns):
@@ -175,6 +161,7 @@ async def run_conversation_level(url: str, spec: WorkloadSpec, model: str, level
                 for _ in range(max(1, concurrency or 1)):
                     slots.create_task(slot())
         tick.cancel()
+        lag.cancel()
     t1 = time.perf_counter_ns()
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     records = sorted(driver.records, key=lambda r: r.index)
@@ -183,6 +170,6 @@ async def run_conversation_level(url: str, spec: WorkloadSpec, model: str, level
         r.rate = float(rate) if offsets_ns is not None and rate is not None else None
     info = {"proc": 0, "started_ns": t0, "ended_ns": t1,
             "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
-            "requests": len(records), "loop_lags_ns": []}
+            "requests": len(records), "loop_lags_ns": driver.lags_ns}
     return LevelResult(concurrency=records[0].concurrency if records else 0, records=records,
                        procs=[info])

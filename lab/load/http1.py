@@ -153,10 +153,10 @@ class Http1Connection(asyncio.Protocol):
         self._head = b""
         self._body = []
         self._keep_alive = True
+        self.transport.write(data)  # first: the caller stamped the send just before
         if timeout_s:
             self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out,
                                                                 timeout_s)
-        self.transport.write(data)
 
     def close(self) -> None:
         self.closed = True

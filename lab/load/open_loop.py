@@ -42,19 +42,19 @@ import numpy as np
 from lab.load.arrivals import split_streams
 from lab.load.client import (
     _HEADERS,
-    LOOP_LAG_INTERVAL_S,
     PROGRESS_INTERVAL_S,
     ClientOptions,
     LevelProgress,
     LevelResult,
+    RecordBook,
     RemoteClients,
     _Payloads,
-    build_record,
+    connect_for,
     endpoint_url,
     run_client_processes,
     split_share,
 )
-from lab.load.http1 import Http1Connection, Origin, connect, post_request
+from lab.load.http1 import Http1Connection, Origin, post_request
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse
 
@@ -65,25 +65,22 @@ PARSE_SLACK_NS = 2_000_000
 #: Sends in a row without yielding to the event loop, when the schedule is behind.
 MAX_SENDS_WITHOUT_YIELD = 16
 
+#: A request built ahead of its send: its context, the response it fills, its bytes, its callback.
+_Prepared = tuple[Sent, RawResponse, bytes, Callable[..., None]]
 
-class _OpenDriver:
+
+class _OpenDriver(RecordBook):
     """One process's share of an open-loop level: its requests at their intended times."""
 
     def __init__(self, url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarray,
                  warmup: int, options: ClientOptions, max_concurrency: int | None,
                  proc: int = 0, done: Any = None, errors: Any = None) -> None:
+        super().__init__(options, warmup, proc, done, errors)
         self.url = url
         self.payloads = payloads
         self.indices = [int(i) for i in indices]
         self.offsets = [int(o) for o in offsets]
-        self.warmup = warmup
-        self.options = options
         self.cap = max_concurrency
-        self.proc = proc
-        self.shared_done = done
-        self.shared_errors = errors
-        self.records: list[RequestRecord] = []
-        self.lags_ns: list[int] = []
         self.finished: list[tuple[Sent, RawResponse]] = []
         self.idle: list[Http1Connection] = []
         self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
@@ -95,52 +92,48 @@ class _OpenDriver:
         self.origin: Origin | None = None
         self.head = b""
         self.rid_prefix = options.request_id_prefix.encode()
-        self.done = 0
-        self.errors = 0
 
     # ----- sending -----
 
-    def _dispatch(self, i: int, intended: int, scheduled: int) -> None:
+    def _prepare(self, i: int, intended: int, scheduled: int) -> _Prepared:
+        """Everything request `i` needs but its send stamp, built before it is due: the
+        record's context, the response it fills, the request's bytes and its callback."""
         data, isl, osl, streaming = self.payloads.get(i)
         ctx = Sent(i, intended, scheduled, isl, osl, streaming)
-        self.inflight += 1
-        raw = RawResponse(sent_ns=time.perf_counter_ns())
-        while self.idle:
-            conn = self.idle.pop()
+        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, i)
+        return (ctx, RawResponse(sent_ns=0), post_request(self.head, rid, data),
+                functools.partial(self._on_response, ctx))
+
+    def _send(self, prepared: _Prepared) -> None:
+        """At the due time: stamp, write on an idle kept-alive connection (or connect), and only
+        then what can wait."""
+        ctx, raw, request, on_response = prepared
+        self.inflight += 1  # before the write: a write that fails completes the request at once
+        raw.sent_ns = time.perf_counter_ns()
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
-                self._write(conn, ctx, raw, data)
+                conn.request(request, raw, ctx.streaming, on_response, self.options.timeout_s)
                 return
         assert self.tg is not None
-        self.tg.create_task(self._connect_and_write(ctx, raw, data))
+        self.tg.create_task(self._connect_and_write(ctx, raw, request, on_response))
 
-    def _write(self, conn: Http1Connection, ctx: Sent, raw: RawResponse, data: bytes) -> None:
-        rid = b"X-Request-Id: %s%d\r\n" % (self.rid_prefix, ctx.request_index)
-        remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
-        conn.request(post_request(self.head, rid, data), raw, ctx.streaming,
-                     functools.partial(self._on_response, ctx), max(remaining, 1e-3))
-
-    async def _connect_and_write(self, ctx: Sent, raw: RawResponse, data: bytes) -> None:
+    async def _connect_and_write(self, ctx: Sent, raw: RawResponse, request: bytes,
+                                 on_response: Callable[..., None]) -> None:
         assert self.origin is not None
-        origin = self.origin
-        try:
-            conn = await connect(origin, nodelay=self.options.http_nodelay,
-                                 timeout_s=self.options.timeout_s)
-        except TimeoutError as exc:
-            raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
-        except OSError as exc:
-            raw.error_kind = "connect"
-            raw.error_message = (f"cannot connect to {origin.host}:{origin.port}: "
-                                 f"{type(exc).__name__}: {exc}")
-        else:
+        conn = await connect_for(self.origin, self.options, raw)
+        if conn is not None:
             self.conns.add(conn)
             try:
-                self._write(conn, ctx, raw, data)
+                remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
+                conn.request(request, raw, ctx.streaming, on_response, max(remaining, 1e-3))
             except Exception as exc:  # never lose a request: anything unexpected is a row
                 conn.close()
                 raw.error_kind, raw.error_message = "client_error", f"{type(exc).__name__}: {exc}"
+                raw.done_ns = time.perf_counter_ns()
             else:
                 return
-        raw.done_ns = time.perf_counter_ns()
         self._complete(ctx, raw)
 
     def _on_response(self, ctx: Sent, conn: Http1Connection, raw: RawResponse,
@@ -157,7 +150,7 @@ class _OpenDriver:
         self.inflight -= 1
         if self.held and (self.cap is None or self.inflight < self.cap):
             i, intended = self.held.popleft()
-            self._dispatch(i, intended, time.perf_counter_ns())
+            self._send(self._prepare(i, intended, time.perf_counter_ns()))
         if (self.scheduled_all and self.inflight == 0 and not self.held
                 and self.all_done is not None):
             self.all_done.set()
@@ -167,27 +160,7 @@ class _OpenDriver:
     def _parse(self, until_ns: int | None = None) -> None:
         perf = time.perf_counter_ns
         while self.finished and (until_ns is None or perf() < until_ns):
-            sent, raw = self.finished.pop(0)
-            rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
-                               warmup=sent.request_index < self.warmup, proc=self.proc)
-            self.records.append(rec)
-            self.done += 1
-            if not rec.ok:
-                self.errors += 1
-            if self.shared_done is not None:
-                with self.shared_done.get_lock():
-                    self.shared_done.value += 1
-                if not rec.ok:
-                    with self.shared_errors.get_lock():
-                        self.shared_errors.value += 1
-
-    async def _lag_ticker(self) -> None:
-        interval_ns = int(LOOP_LAG_INTERVAL_S * 1e9)
-        perf = time.perf_counter_ns
-        while True:
-            t0 = perf()
-            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
-            self.lags_ns.append(max(0, perf() - t0 - interval_ns))
+            self.book(*self.finished.pop(0))
 
     async def _progress_ticker(self, progress: Callable[[LevelProgress], None], t0: int) -> None:
         while True:
@@ -200,6 +173,7 @@ class _OpenDriver:
         since_yield = 0
         for i, offset in zip(self.indices, self.offsets, strict=True):
             target = start_ns + offset
+            prepared = self._prepare(i, target, target)  # nothing left to build when it is due
             wait = target - SPIN_NS - perf()
             if wait > PARSE_SLACK_NS and self.finished:
                 self._parse(until_ns=target - PARSE_SLACK_NS)
@@ -214,9 +188,9 @@ class _OpenDriver:
                 await asyncio.sleep(0)
                 since_yield = 0
             if self.cap is not None and self.inflight >= self.cap:
-                self.held.append((i, target))
+                self.held.append((i, target))  # prepared again when released, with that time
             else:
-                self._dispatch(i, target, target)
+                self._send(prepared)
             since_yield += 1
         self.scheduled_all = True
 
@@ -237,7 +211,7 @@ class _OpenDriver:
         try:
             async with asyncio.TaskGroup() as tg:
                 self.tg = tg
-                ticker = tg.create_task(self._lag_ticker())
+                ticker = tg.create_task(self.lag_ticker())
                 prog = tg.create_task(self._progress_ticker(progress, start)) if progress else None
                 await self._schedule(start)
                 if self.inflight or self.held:

@@ -28,10 +28,11 @@ from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
 from lab.load.bench import FakeServer
 from lab.load.client import ClientOptions, RemoteClients, run_level
-from lab.load.ray_client import RayClientPool, ray_environment
+from lab.load.ray_client import RayClientPool
 from lab.load.ray_settings import RaySettings
 from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
+from lab.shared.ray_connect import ray_environment
 
 BENCH_NODE_CPUS = 1
 

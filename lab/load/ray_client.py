@@ -25,7 +25,6 @@ Ray is imported only here (and only when `--ray` is given): `pip install 'loadla
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 import time
@@ -51,6 +50,7 @@ from lab.load.open_loop import _OpenDriver
 from lab.load.ray_settings import RaySettings
 from lab.load.record import RECORD_FIELDS, RequestRecord, Sent
 from lab.load.sse import RawResponse
+from lab.shared.ray_connect import ClockOffset, RayConnectError, connect, measure_offset
 
 #: An actor sends the records it finished at least this often.
 BATCH_INTERVAL_S = PROGRESS_INTERVAL_S
@@ -58,18 +58,11 @@ BATCH_INTERVAL_S = PROGRESS_INTERVAL_S
 LOST_KIND = "client_lost"
 #: Calls an actor runs at once: a level's generator plus the driver's clock pings.
 ACTOR_MAX_CALLS = 64
-#: How long the head's GCS port gets to accept a TCP connection before ray.init is tried.
-CONNECT_CHECK_S = 5.0
 _STRATEGY = {"spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
 
 
 class RayClientError(RuntimeError):
     """The Ray client could not start (no cluster, no room for its actors)."""
-
-
-def ray_environment() -> None:
-    """The process environment the lab runs Ray in: no usage-stats reporting."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 #: The record's stamps on the clock of the process that took them (`*_ns`, lab.load.record).
@@ -142,15 +135,6 @@ async def _batches(driver: _Driver | _OpenDriver, run: Any) -> AsyncIterator[dic
 
 
 @dataclass
-class ClockOffset:
-    """An actor's clock against the driver's: remote = driver + offset_ns, within error_ns."""
-
-    offset_ns: int
-    error_ns: int
-    pings: int
-
-
-@dataclass
 class _Member:
     actor: Any
     bundle: int
@@ -195,26 +179,15 @@ class RayClientPool:
     def start(self) -> None:
         """Connect to the cluster and start the actors (blocking: call before the sweep's
         event loop, or in a thread)."""
-        ray_environment()
         try:
-            import ray
-            from ray.util.placement_group import placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        except ImportError:
-            raise RayClientError("--ray needs Ray: pip install 'loadlab[ray]'") from None
+            self._started_ray = connect(str(self.settings.ray))
+        except RayConnectError as exc:
+            raise RayClientError(str(exc)) from None
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         s = self.settings
-        if s.ray != "auto":  # a wrong address would leave ray.init retrying for minutes
-            host, _, port = str(s.ray).rpartition(":")
-            try:
-                socket.create_connection((host, int(port)), timeout=CONNECT_CHECK_S).close()
-            except OSError as exc:
-                raise RayClientError(f"--ray {s.ray}: cannot connect: {exc}") from None
-        try:
-            ray.init(address=s.ray, include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise RayClientError(f"--ray {s.ray}: cannot connect: {exc}") from None
-        self._started_ray = True
         count = s.ray_client_nodes or len([n for n in ray.nodes() if n.get("Alive")])
         bundle: dict[str, float] = {"CPU": s.ray_client_cpus}
         if s.ray_client_resource:
@@ -295,17 +268,7 @@ class RayClientPool:
 
     async def clock_offset(self, actor: Any) -> ClockOffset:
         """NTP-style: the offset of the ping with the smallest round trip, within rtt/2."""
-        best: tuple[int, int] | None = None
-        for _ in range(self.settings.ray_clock_pings):
-            t0 = time.perf_counter_ns()
-            remote = await actor.clock.remote()
-            t1 = time.perf_counter_ns()
-            rtt = t1 - t0
-            if best is None or rtt < best[0]:
-                best = (rtt, remote - (t0 + t1) // 2)
-        assert best is not None
-        return ClockOffset(offset_ns=best[1], error_ns=(best[0] + 1) // 2,
-                           pings=self.settings.ray_clock_pings)
+        return await measure_offset(lambda: actor.clock.remote(), self.settings.ray_clock_pings)
 
     # ----- one level -----
 

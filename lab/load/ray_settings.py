@@ -9,6 +9,7 @@ from pydantic import model_validator
 
 from lab.load.client_settings import MAX_CLIENT_PROCS
 from lab.shared.config_cli import MAX_SECONDS, Settings, setting
+from lab.shared.ray_connect import ray_address_setting
 
 #: The CPUs a client actor's placement-group bundle may ask for.
 MAX_CLIENT_CPUS = 1024.0
@@ -17,25 +18,12 @@ DEFAULT_CLOCK_PINGS = 8
 MAX_CLOCK_PINGS = 1000
 
 
-def parse_address(value: str) -> str:
-    """`auto` or HOST:PORT (the head's GCS address); ValueError naming the bad input."""
-    value = value.strip()
-    if value == "auto":
-        return value
-    host, sep, port = value.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"{value!r}: expected auto or HOST:PORT (the Ray head's address)")
-    return value
-
-
 class RaySettings(Settings):
     """The load client as Ray async actors, one per client node (`--ray`)."""
 
-    ray: str | None = setting(
-        None, "Run the load client's processes as Ray actors on this cluster (`auto`: the "
-        "cluster `ray start` runs here; or its GCS address HOST:PORT). Needs "
-        "`pip install 'loadlab[ray]'`.", metavar="ADDRESS|auto", parse=parse_address,
-        default_text="local processes")
+    ray: str | None = ray_address_setting(
+        "the load client's processes as Ray actors, and the processes the topology places on "
+        "Ray nodes (`ray_resource`, `ray_labels`) under those nodes' agents,", "local processes")
     ray_client_nodes: int | None = setting(
         None, "With --ray: client actors, one placement-group bundle each, spread over the "
         "nodes (each level's concurrency and rates are split over them).", ge=1,

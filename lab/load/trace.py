@@ -30,11 +30,11 @@ import numpy as np
 import orjson
 
 from lab.load.workload import (
-    NVEXT_EXTRA_FIELDS,
     TOKEN_ID_MAX,
     TOKEN_ID_MIN,
     LazyRequests,
     ids_to_words,
+    request_body,
 )
 
 #: mooncake's block size, in tokens: what one hash id covers.
@@ -208,16 +208,9 @@ class TraceRequestSet(LazyRequests):
     def body(self, i: int) -> dict:
         req = self.requests[i]
         ids = self.prompts.prompt(req, i)
-        body: dict = {"model": self.model}
-        if self.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": ids_to_words(ids)}]
-        else:
-            body["prompt"] = ids
-        body.update(max_tokens=req.output_length, min_tokens=req.output_length, ignore_eos=True,
-                    stream=self.stream, nvext={"extra_fields": list(NVEXT_EXTRA_FIELDS)})
-        if self.stream and self.include_usage:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        prompt: str | list[int] = ids_to_words(ids) if self.endpoint == "chat" else ids
+        return request_body(self.model, self.endpoint, prompt, req.output_length,
+                            stream=self.stream, include_usage=self.include_usage)
 
     def requested(self, i: int) -> tuple[int, int]:
         """(prompt tokens, output tokens) of request `i`: the trace's lengths."""

@@ -187,9 +187,17 @@ def build_body(spec: WorkloadSpec, model: str, level_seed: int, index: int,
         if prefix is not None:
             prompts._prefix = prefix
     prompt, _ = prompts.prompt(level_seed, index)
-    osl = output_len(spec, level_seed, index)
+    return request_body(model, spec.endpoint, prompt, output_len(spec, level_seed, index),
+                        stream=spec.stream, include_usage=spec.include_usage)
+
+
+def request_body(model: str, endpoint: str, prompt: str | list[int], osl: int, *, stream: bool,
+                 include_usage: bool) -> dict:
+    """The OpenAI body every generated request shares (synthetic and trace alike): the prompt
+    (chat: one user message), exactly `osl` output tokens (`max_tokens = min_tokens`,
+    `ignore_eos`), the nvext fields asked of the frontend, and usage in the stream."""
     body: dict = {"model": model}
-    if spec.endpoint == "chat":
+    if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
@@ -197,10 +205,10 @@ def build_body(spec: WorkloadSpec, model: str, level_seed: int, index: int,
         max_tokens=osl,
         min_tokens=osl,
         ignore_eos=True,
-        stream=spec.stream,
+        stream=stream,
         nvext={"extra_fields": list(NVEXT_EXTRA_FIELDS)},
     )
-    if spec.stream and spec.include_usage:
+    if stream and include_usage:
         body["stream_options"] = {"include_usage": True}
     return body
 

@@ -19,11 +19,13 @@ from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.metrics import SLOs, by_concurrency, level_label, summarize_run
 from lab.analysis.open_loop import is_open_loop, schedule_sentence, sustained_sentence
 from lab.analysis.timeline import recovery, run_timeline
+from lab.analysis.turns import per_turn
 from lab.report import open_loop as open_loop_report
 from lab.report import plots
 from lab.report.markdown import build_report, delivery_sentence, fnum
 from lab.report.shape import load_shape
 from lab.report.tokens import tokens_markdown
+from lab.report.turns import turns_markdown
 
 
 @dataclass
@@ -36,6 +38,7 @@ class RunAnalysis:
     plots: list[Path] = field(default_factory=list)
     faults: FaultAnalysis | None = None
     tokens: TokenCheck | None = None  # requested vs server-reported tokens
+    turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # per turn of a --turns run
 
 
 def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
@@ -210,6 +213,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         note = "Per-process server CPU is absent: the run directory has no procs.parquet."
     name = sweep.get("name") or run_dir.name
     tokens = token_check(requests, table, (sweep.get("workload") or {}).get("endpoint", ""))
+    turns = per_turn(requests)
     report = build_report(
         title=title or f"Sweep {name}",
         setup=_setup_lines(config, requests) + _remote_client_lines(
@@ -224,10 +228,11 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         tokens_md=tokens_markdown(tokens) if tokens is not None else None,
         open_loop_md=open_loop_report.open_loop_markdown(
             table, sweep.get("arrival"), sweep.get("max_concurrency")) if open_loop else None,
+        turns_md=turns_markdown(turns) if not turns.empty else None,
     )
     (run_dir / rundir.REPORT).write_text(report)
     return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
-                       tokens)
+                       tokens, turns)
 
 
 def summary_lines(analysis: RunAnalysis) -> list[str]:

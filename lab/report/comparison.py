@@ -15,15 +15,18 @@ from lab.analysis.compare import (
     run_labels,
     table_rows,
 )
-from lab.report import plots
+from lab.analysis.timeline import run_timeline
+from lab.report import compare_plots, plots
 from lab.report.build import compute_levels, knee_of
 from lab.report.markdown import md_table
+from lab.report.shape import load_shape
+from lab.report.shape_check import check_shapes
 
 
 @dataclass
 class Comparison:
     runs: list[RunData]
-    sentences: list[str]
+    sentences: list[str]  # the throughput sentences, then any shape warning
     text: str  # what the terminal shows (markdown)
     out_dir: Path
     plots: list[Path] = field(default_factory=list)
@@ -43,21 +46,31 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
                          for p, r in zip(paths, runs, strict=True)])
     for r, label in zip(runs, labels, strict=True):
         r.label = label
+    sweeps = [(r.config or {}).get("sweep") or {} for r in runs]
+    warnings = check_shapes(labels, sweeps)  # ShapeMismatch when no level can line up
     aligned = align(runs)
-    sentences = compare_sentences(runs, aligned)
+    sentences = compare_sentences(runs, aligned) + warnings
     header, rows = table_rows(runs, aligned)
-    open_loop = level_axis(runs) == "rate"  # rates have no knee and no concurrency axis
-    knees = {} if open_loop else {r.label: knee_of(r.levels) for r in runs}
-    lines = ["Runs: " + "; ".join(f"{r.label} = {r.path}" for r in runs)
+    axis = level_axis(runs)
+    knees = {} if axis != "concurrency" else {r.label: knee_of(r.levels) for r in runs}
+    lines = ["Runs: " + "; ".join(f"{r.label} = {r.path} ({load_shape(s)})"
+                                  for r, s in zip(runs, sweeps, strict=True))
              + f". Deltas are against {runs[0].label}.", "", md_table(header, rows), ""]
     lines += [s + "." for s in sentences]
     lines += [f"{label}: {k.sentence()}." for label, k in knees.items()]
     out_dir.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
     if make_plots and not aligned.empty:
-        if not open_loop:
+        if axis == "concurrency":
             made.append(plots.compare_throughput([(r.label, r.levels) for r in runs],
                                                  out_dir / "throughput.png"))
+        elif axis == "rate":
+            made.append(compare_plots.compare_rates([(r.label, r.levels) for r in runs],
+                                                    out_dir / "rates.png"))
+        else:
+            made.append(compare_plots.compare_timelines(
+                [(r.label, run_timeline(r.requests)) for r in runs if r.requests is not None],
+                out_dir / "timelines.png"))
         made.append(plots.compare_latency([(r.label, r.levels) for r in runs],
                                           out_dir / "latency_vs_throughput.png",
                                           {k: v.knee for k, v in knees.items()} or None))

@@ -178,11 +178,13 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
                  plots: list[tuple[str, str]], server_cpu_note: str | None = None,
                  fault_md: str | None = None, compare_md: str | None = None,
                  delivery: str | None = None, failed_lines: list[str] | None = None,
-                 tokens_md: str | None = None, open_loop_md: str | None = None) -> str:
+                 tokens_md: str | None = None, open_loop_md: str | None = None,
+                 turns_md: str | None = None) -> str:
     """The whole report.md. plots: [(caption, relative path)]; delivery: the tokens-per-event
     sentence; failed_lines: one sentence per level where every request failed; tokens_md:
     requested vs server-reported tokens; open_loop_md: the open-loop section of a --rate sweep
-    (which has no knee: its levels are rates, not concurrency)."""
+    (which has no knee: its levels are rates, not concurrency); turns_md: the per-turn table
+    of a --turns run."""
     parts = [f"# {title}", ""]
     parts += [f"- {s}" for s in setup]
     parts += ["", "## Results", "", results_table(levels), ""]
@@ -201,6 +203,8 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
     if delivery:
         parts += [delivery, ""]
     parts += [client_sentence(levels), ""]
+    if turns_md:
+        parts += ["## Per turn", "", turns_md, ""]
     if tokens_md:
         parts += ["## Prompt and completion tokens: requested vs server-reported", "", tokens_md,
                   ""]

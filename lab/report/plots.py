@@ -229,23 +229,31 @@ def compare_latency(runs: list[tuple[str, pd.DataFrame]], path: Path,
 
 
 def compare_ttft_cdf(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
-    """TTFT CDF per run and concurrency (line style per run, colour per concurrency)."""
+    """TTFT CDF per run and level (line style per run, colour per level: the concurrency, or
+    the rate of an open-loop level)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = ["-", "--", ":", "-."]
-    concs = sorted({int(c) for _, df in runs for c in df["concurrency"].unique()})
-    colors = {c: f"C{i % 10}" for i, c in enumerate(concs)}
-    for i, (label, requests) in enumerate(runs):
-        ok = _ok(requests)
-        for conc, g in ok.groupby("concurrency", sort=True):
+
+    def label_of(df: pd.DataFrame) -> pd.Series:
+        if "rate" in df and df["rate"].notna().any():
+            return df["rate"].map(lambda r: f"rate={float(r):g}/s")
+        return df["concurrency"].map(lambda c: f"c={int(c)}")
+
+    oks = [(label, _ok(requests)) for label, requests in runs]
+    oks = [(label, ok.assign(level=label_of(ok))) for label, ok in oks if len(ok)]
+    levels = sorted({lv for _, ok in oks for lv in ok["level"].unique()})
+    colors = {lv: f"C{i % 10}" for i, lv in enumerate(levels)}
+    for i, (label, ok) in enumerate(oks):
+        for level, g in ok.groupby("level", sort=True):
             xs = np.sort(g["ttft_ms"].dropna().to_numpy())
             if not len(xs):
                 continue
             ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), styles[i % len(styles)],
-                    color=colors[int(conc)], label=f"{label}, c={conc}")
+                    color=colors[level], label=f"{label}, {level}")
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("fraction of requests <= x")
-    ax.set_title("TTFT CDF, runs compared (line style = run, colour = concurrency)")
+    ax.set_title("TTFT CDF, runs compared (line style = run, colour = level)")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, alpha=0.3, which="both")
     return _save(fig, path)

@@ -21,7 +21,7 @@ def load_shape(sweep: dict[str, Any]) -> str:
         text = f"open loop: rates {listed}, {sweep.get('arrival', 'poisson')} arrivals"
     else:
         levels = ",".join(str(c) for c in sweep.get("concurrency") or [])
-        text = f"closed loop at c={levels}"
+        text = f"closed loop at c={levels}" if levels else "closed loop"
     if sweep.get("max_concurrency"):
         text += f", at most {sweep['max_concurrency']} in flight"
     conv = sweep.get("conversations")

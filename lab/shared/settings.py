@@ -72,3 +72,8 @@ class SidecarTiming:
     stall_s: float = 2.0
     # One readiness probe (canary generation / GetLoad progress) before (re)registering.
     probe_timeout_s: float = 2.0
+    # HTTP/2 keepalive on the engine connection (grpcio's keepalive_time / keepalive_timeout):
+    # a PING after this long with nothing received, and the connection is dead when its ACK
+    # takes longer than the timeout. A busy connection (tokens, the 1 s GetLoad) sends none.
+    keepalive_s: float = 5.0
+    keepalive_timeout_s: float = 5.0

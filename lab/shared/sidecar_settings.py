@@ -108,6 +108,14 @@ class SidecarSettings(Settings):
         "generation; on a prefill engine a GetLoad whose timestamp advances). The worker "
         "registers only after a probe succeeds.", ge=MIN_SECONDS,
         le=MAX_SECONDS)
+    keepalive: float = setting(
+        SidecarTiming.keepalive_s, "Seconds the engine connection may stay quiet (nothing "
+        "received) before the sidecar sends an HTTP/2 PING (grpcio's keepalive_time).",
+        ge=MIN_SECONDS, le=MAX_SECONDS)
+    keepalive_timeout: float = setting(
+        SidecarTiming.keepalive_timeout_s, "Seconds a keepalive PING's ACK may take; past it the "
+        "connection is declared dead and the worker leaves rotation until the engine serves "
+        "again (grpcio's keepalive_timeout).", ge=MIN_SECONDS, le=MAX_SECONDS)
     log_level: str = setting(DEFAULT_LOG_LEVEL, "Log level (logs go to stderr).",
                              choices=LOG_LEVELS, case_sensitive=False)
 

@@ -17,10 +17,12 @@ DEFAULT_ENGINE_TYPE = "trtllm"
 #: block size used when the JSON does not give one, per engine type (reference builder defaults)
 DEFAULT_BLOCK_SIZE = {"trtllm": 32, "vllm": 64}
 #: whether the pass that finishes a prompt also charges a decode step for the first token, per
-#: engine type when the JSON does not say (docs/mocker.md "Scheduler"). Dynamo 1.6.1's mocker
-#: charges none under either policy (its offline replay: TTFT at c=1 = prefill alone);
-#: `trtllm` keeps the lab's earlier reading until the default is decided on that evidence.
-DEFAULT_FIRST_TOKEN_DECODE = {"trtllm": True, "vllm": False}
+#: engine type when the JSON does not say (docs/mocker.md "Scheduler"). Off for both: Dynamo
+#: 1.6.1's mocker charges none under either policy (its offline replay: TTFT at c=1 = prefill
+#: alone), its TensorRT-LLM mocker server runs that `trtllm` policy, and TensorRT-LLM samples
+#: the first token from the context pass itself (a context-only request returns it);
+#: docs/fidelity.md "The first token under trtllm".
+DEFAULT_FIRST_TOKEN_DECODE = {"trtllm": False, "vllm": False}
 DEFAULT_NUM_GPU_BLOCKS = 16384
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192

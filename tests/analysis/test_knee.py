@@ -1,4 +1,6 @@
-"""The knee rule with the reference table of docs/metrics.md "The knee" as the test vector."""
+"""The knee rule with the tables of docs/metrics.md "The knee" as the test vectors: the reference
+stack's sweep, and the lab's default `lab sweep` (speedup 1000), whose fast c=1 level put the
+knee at 1 under the former rule (ratio of relative changes)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,35 @@ REQ_S = [22.0, 533.5, 1013.6, 1041.7]
 LAT_MS = [44.0, 56.3, 119.3, 225.0]
 
 
+#: `lab sweep` defaults (c=1/32/128/256, speedup 1000) at 6e175be, levels.json of one run.
+LAB_REQ_S = [201.43, 417.96, 451.12, 454.77]
+LAB_LAT_MS = [4.837, 71.88, 268.07, 526.03]
+
+
 def test_reference_table() -> None:
     k = find_knee(CONC, REQ_S, LAT_MS)
     assert k.knee == 128
-    assert k.efficiencies[32] == pytest.approx(83.2, abs=0.05)
-    assert k.efficiencies[128] == pytest.approx(0.80, abs=0.005)
-    assert k.efficiencies[256] == pytest.approx(0.03, abs=0.005)
+    assert k.efficiencies[32] == pytest.approx(12.93, abs=0.005)
+    assert k.efficiencies[128] == pytest.approx(0.85, abs=0.005)
+    assert k.efficiencies[256] == pytest.approx(0.043, abs=0.0005)
     assert k.sentence() == "knee at 128: 128 -> 256 buys 2.8% throughput for 89% more latency"
+
+
+def test_default_lab_sweep_knee_is_where_throughput_flattens() -> None:
+    """1 -> 32 doubles throughput (latency x15 from a 5 ms base): not the knee; 32 -> 128 buys
+    8% for 3.7x the latency: the knee is 32."""
+    k = find_knee(CONC, LAB_REQ_S, LAB_LAT_MS)
+    assert k.knee == 32
+    assert k.efficiencies[32] == pytest.approx(0.27, abs=0.005)
+    assert k.efficiencies[128] == pytest.approx(0.058, abs=0.0005)
+    assert k.sentence() == "knee at 32: 32 -> 128 buys 7.9% throughput for 273% more latency"
+
+
+def test_efficiency_is_symmetric_in_log_terms() -> None:
+    """Doubling throughput for doubled latency scores 1 wherever the step starts."""
+    for base in (1.0, 5.0, 500.0):
+        k = find_knee([1, 4], [100.0, 200.0], [base, 2 * base])
+        assert k.efficiencies[4] == pytest.approx(1.0)
 
 
 def test_order_does_not_matter() -> None:

@@ -27,10 +27,8 @@ def true_engine_args(tmp_path: Path) -> Path:
     return write_true_engine(tmp_path / "true")
 
 
-@pytest.fixture
-def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
-    stack = tmp_path / "target"
-    up = lab("up", "--detach", "--engine-args", str(true_engine_args), "--speedup", "1",
+def _stack(stack: Path, engine_args: Path) -> Iterator[str]:
+    up = lab("up", "--detach", "--engine-args", str(engine_args), "--speedup", "1",
              "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
@@ -38,3 +36,15 @@ def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
     finally:
         down = lab("down", str(stack))
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture
+def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
+    yield from _stack(tmp_path / "target", true_engine_args)
+
+
+@pytest.fixture
+def floor_target(tmp_path: Path) -> Iterator[str]:
+    """The same curve behind a first-token floor (`request_mode: floor`) instead of a
+    request latency."""
+    yield from _stack(tmp_path / "target", write_true_engine(tmp_path / "true", floor=True))

@@ -30,18 +30,24 @@ def _grid(top: float, ratio: float = 1.07) -> list[float]:
 
 #: the target's own path beyond the lab's: a per-request latency holding no engine pass
 TRUE_REQUEST_MS = 30.0
+#: the floor target's first-token floor (`request_mode: floor`): above the prefill + first
+#: decode step of 64 and 128 tokens (38 and 58 ms), below those of 512 and 1024
+TRUE_FLOOR_MS = 120.0
 
 
-def write_true_engine(dir_: Path) -> Path:
-    """profile.csv sampled from the true curves (plus the request latency), and
-    engine-args.json that uses it."""
+def write_true_engine(dir_: Path, floor: bool = False) -> Path:
+    """profile.csv sampled from the true curves (plus the request latency, or with `floor`
+    the first-token floor), and engine-args.json that uses it."""
     dir_.mkdir(parents=True, exist_ok=True)
     rows = ["kind,tokens,ms"]
     rows += [f"prefill,{t},{true_prefill_ms(t):.6f}" for t in _grid(20_000)]
     rows += [f"decode,{k},{true_decode_ms(k):.6f}" for k in _grid(2_000_000)]
-    rows += [f"request,1,{TRUE_REQUEST_MS}"]
+    rows += [f"request,1,{TRUE_FLOOR_MS if floor else TRUE_REQUEST_MS}"]
     csv = dir_ / "true-profile.csv"
     csv.write_text("\n".join(rows) + "\n")
+    timing = {"type": "profile", "path": str(csv)}
+    if floor:
+        timing["request_mode"] = "floor"
     args = dir_ / "true-engine-args.json"
-    args.write_text(json.dumps({"timing": {"type": "profile", "path": str(csv)}}))
+    args.write_text(json.dumps({"timing": timing}))
     return args

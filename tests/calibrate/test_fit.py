@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from lab.calibrate.fit import fit_profile, path_at
-from lab.calibrate.probes import Probe, ProbeResult, ProbeSet, decode_step_ms
+from lab.calibrate import fit as fit_module
+from lab.calibrate.fit import choose_request_mode, engine_args, fit_profile, path_at
+from lab.calibrate.probes import (
+    Probe,
+    ProbeResult,
+    ProbeSet,
+    decode_step_ms,
+    prefill_gap_ms,
+)
 
 MS = 1_000_000
 
@@ -31,11 +39,17 @@ def test_decode_step_leaves_out_the_gaps_that_held_another_prefill() -> None:
     assert decode_step_ms(frame) == pytest.approx(10.0)
 
 
-def test_prefill_knot_is_ttft_minus_lab_path_minus_first_decode_step() -> None:
+def test_prefill_knot_is_ttft_minus_lab_path_minus_first_decode_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a policy's first_token_decode default is on, its step is subtracted too (no policy
+    has it on today: trtllm's was turned off, docs/fidelity.md; so it is patched on here)."""
     ctx = [Probe("context", isl, 8, 1, 5, 1, i) for i, isl in enumerate((100, 400))]
     batch = Probe("batch", 50, 20, 4, 8, 4, 9)
     results = [_result(ctx[0], 30.0, 4.0), _result(ctx[1], 90.0, 6.0),
                _result(batch, math.nan, 5.0)]
+    assert [k.ms for k in fit_profile(results, {100: 2.0, 400: 3.0}, "trtllm").prefill] == (
+        pytest.approx([28.0, 87.0]))
+    monkeypatch.setitem(fit_module.DEFAULT_FIRST_TOKEN_DECODE, "trtllm", True)
     fit = fit_profile(results, {100: 2.0, 400: 3.0}, "trtllm")
     # decode knots at 100 + 4, 400 + 4 and 4 x (50 + 10) = 240 tokens
     assert [(k.tokens, k.ms) for k in fit.decode] == [(104, 4.0), (240, 5.0), (404, 6.0)]
@@ -102,3 +116,79 @@ def test_decode_knots_never_fall_with_more_kv() -> None:
     fit = fit_profile([*results, _result(ctx, 20.0, math.nan)], {}, "vllm")
     assert [k.ms for k in fit.decode] == [5.0, 6.5, 6.5]
     assert [k.raw_ms for k in fit.decode] == [5.0, 7.0, 6.0]
+
+
+def test_prefill_pass_is_found_behind_a_held_first_token() -> None:
+    """B is sent at 22 ms and prefilled in A's 30 -> 60 ms pass (10 ms step + 20 ms prefill),
+    but its path holds B's first token back until 100 ms: the gap at B's first token is a plain
+    one. The held pass is the longest gap between B's send and its first token."""
+    a = [0, 10, 20, 30, 60, 70, 80, 90, 100, 110, 120]  # ms
+    b = [100.0, 100.2, 100.4, 110.0]
+    frame = pd.DataFrame({
+        "ok": [True, True], "warmup": [False, True],
+        "sent_ns": [-50 * MS, 22 * MS],
+        "first_ns": [a[0] * MS, int(b[0] * MS)],
+        "chunk_times_ns": [[t * MS for t in a], [int(t * MS) for t in b]],
+    })
+    assert prefill_gap_ms(frame) == pytest.approx(20.0)
+    assert decode_step_ms(frame) == pytest.approx(10.0)
+
+
+def test_a_first_token_burst_is_no_decode_step() -> None:
+    """A stream whose first token was held: the tokens made meanwhile come with it (0.2 ms
+    apart), then the rest of a running pass (4.6 ms), then 10 ms steps."""
+    t = [100.0, 100.2, 100.4, 105.0, 115.0, 125.0]
+    frame = pd.DataFrame({
+        "ok": [True], "warmup": [False], "sent_ns": [0], "first_ns": [100 * MS],
+        "chunk_times_ns": [[int(x * MS) for x in t]],
+    })
+    assert decode_step_ms(frame) == pytest.approx(10.0)
+
+
+#: (T, rest, prefill, first decode) of Dynamo 1.6.1's calibration (docs/fidelity.md): TTFT
+#: minus the lab's path flat at ~35-41 ms while the prefill grows 17.5 -> 32.5 ms
+DYNAMO_LENGTHS = [(64, 41.1, 17.5, 0.0), (256, 37.8, 20.4, 0.0), (1024, 35.2, 32.5, 0.0),
+                  (4096, 67.7, 67.7, 0.0)]
+
+
+def test_request_mode_tells_a_floor_from_a_delay() -> None:
+    mode, ev = choose_request_mode(DYNAMO_LENGTHS)
+    assert mode == "floor" and 35.0 < ev["floor_ms"] < 42.0
+    delay = [(t, 30.0 + pf, pf, 0.0) for t, _, pf, _ in DYNAMO_LENGTHS]
+    assert choose_request_mode(delay)[0] == "delay"
+    # no path beyond the lab's: both models fit; the delay is kept
+    noise = (0.4, -0.3, 0.2, 0.0)
+    alike = [(t, pf + d, pf, 0.0)
+             for (t, _, pf, _), d in zip(DYNAMO_LENGTHS, noise, strict=True)]
+    assert choose_request_mode(alike)[0] == "delay"
+
+
+def test_a_floor_fit_writes_request_mode_floor(tmp_path: Path) -> None:
+    ctx = [Probe("context", t, 8, 1, 5, 1, i) for i, (t, *_) in enumerate(DYNAMO_LENGTHS)]
+    ovl = [Probe("overlap", t, 64, 2, 16, 2, 10 + i) for i, (t, *_) in enumerate(DYNAMO_LENGTHS)]
+    results = [_result(p, rest + 5.0, 6.0)
+               for p, (_, rest, _, _) in zip(ctx, DYNAMO_LENGTHS, strict=True)]
+    results += [ProbeResult(p, math.nan, 6.0, 6.0, math.nan, 16, 0, prefill_gap_ms=pf)
+                for p, (_, _, pf, _) in zip(ovl, DYNAMO_LENGTHS, strict=True)]
+    fit = fit_profile(results, {t: 5.0 for t, *_ in DYNAMO_LENGTHS}, "vllm")
+    assert fit.request_mode == "floor"
+    # the engine-side time to the first token, less half a decode step (6 ms)
+    assert [k.ms for k in fit.request] == pytest.approx([rest - 3.0 for _, rest, _, _ in
+                                                          DYNAMO_LENGTHS])
+    args = engine_args(fit, tmp_path / "profile.csv")
+    assert args["timing"]["request_mode"] == "floor"
+
+
+def test_a_chunked_prefill_leaves_both_its_passes_out_of_the_decode_step() -> None:
+    """Under many streams B's prefill runs in two chunks: the 10 -> 40 ms pass (the longest gap
+    between B's send and its first token) and the 40 -> 60 ms one that produces B's first
+    token. Both hold prefill; the decode step is the 10 ms of the others."""
+    a = [0, 10, 40, 60, 70, 80, 90]
+    b = [60, 70]
+    frame = pd.DataFrame({
+        "ok": [True, True], "warmup": [False, True],
+        "sent_ns": [-50 * MS, 5 * MS],
+        "first_ns": [a[0] * MS, b[0] * MS],
+        "chunk_times_ns": [[t * MS for t in a], [t * MS for t in b]],
+    })
+    assert decode_step_ms(frame) == pytest.approx(10.0)

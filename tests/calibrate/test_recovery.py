@@ -16,7 +16,12 @@ import json
 from pathlib import Path
 
 from tests.calibrate.conftest import lab
-from tests.calibrate.curves import TRUE_REQUEST_MS, true_decode_ms, true_prefill_ms
+from tests.calibrate.curves import (
+    TRUE_FLOOR_MS,
+    TRUE_REQUEST_MS,
+    true_decode_ms,
+    true_prefill_ms,
+)
 
 TOLERANCE = 0.05
 PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024", "--context-osl", "8",
@@ -26,19 +31,16 @@ PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024", "--cont
           "--in-process-client")
 
 
-def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) -> None:
-    out = tmp_path / "cal"
-    proc = lab("calibrate", "--target", true_target, *PROBES, "--out", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def _knots(out: Path) -> dict[str, dict[float, float]]:
     with open(out / "profile.csv") as f:
         rows = [r for r in csv.reader(ln for ln in f if not ln.startswith("#"))][1:]
     knots: dict[str, dict[float, float]] = {"prefill": {}, "decode": {}, "request": {}}
     for kind, tokens, ms in rows:
         knots[kind][float(tokens)] = float(ms)
-    assert sorted(knots["prefill"]) == [128, 512, 1024]
-    # decode knots: c=1 at isl + osl/2, 2 x (isl + 12) for the overlap probes, c x (64 + 16)
-    # for the batch probes
-    assert sorted(knots["decode"]) == [80, 132, 280, 516, 640, 1028, 1048, 2072, 2560]
+    return knots
+
+
+def _off_curve(knots: dict[str, dict[float, float]]) -> list[str]:
     off = []
     for kind, truth in (("prefill", true_prefill_ms), ("decode", true_decode_ms)):
         for tokens, ms in knots[kind].items():
@@ -46,6 +48,19 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
             if abs(err) > TOLERANCE:
                 off.append(f"{kind} at {tokens:g}: fitted {ms:.2f} ms, true "
                            f"{truth(tokens):.2f} ms ({100 * err:+.1f}%)")
+    return off
+
+
+def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) -> None:
+    out = tmp_path / "cal"
+    proc = lab("calibrate", "--target", true_target, *PROBES, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    knots = _knots(out)
+    assert sorted(knots["prefill"]) == [128, 512, 1024]
+    # decode knots: c=1 at isl + osl/2, 2 x (isl + 12) for the overlap probes, c x (64 + 16)
+    # for the batch probes
+    assert sorted(knots["decode"]) == [80, 132, 280, 516, 640, 1028, 1048, 2072, 2560]
+    off = _off_curve(knots)
     # the target's path beyond the lab's (a per-request latency) is told apart from prefill
     for tokens, ms in knots["request"].items():
         if abs(ms - TRUE_REQUEST_MS) > 3.0:
@@ -56,3 +71,31 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
     assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
     # the target's mocker caches prefixes (the default): the repeated prompt shows it
     assert args["enable_prefix_caching"] is True
+
+
+#: the overlap streams must outlast the floor: another stream's prefill is only seen once
+#: this stream's own held first tokens have come
+FLOOR_PROBES = tuple({"128,512,1024": "64,128,512,1024", "24": "64"}.get(v, v) for v in PROBES)
+
+
+def test_calibrate_finds_a_first_token_floor(floor_target: str, tmp_path: Path) -> None:
+    """A target whose path holds the first token back until 120 ms after arrival (TTFT flat
+    over 64 and 128 tokens while the prefill grows): the fit must say `request_mode: floor`
+    and its value, and read the prefill of the short prompts from the overlap probe although
+    the other stream's first token arrives long after that pass."""
+    out = tmp_path / "cal"
+    proc = lab("calibrate", "--target", floor_target, *FLOOR_PROBES, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    knots = _knots(out)
+    assert sorted(knots["prefill"]) == [64, 128, 512, 1024]
+    off = _off_curve(knots)
+    # where the floor binds, its knot is the floor (the engine-side time to the first token)
+    for tokens in (64, 128):
+        ms = knots["request"][tokens]
+        if abs(ms / TRUE_FLOOR_MS - 1) > TOLERANCE:
+            off.append(f"floor at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_FLOOR_MS} ms")
+    assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
+    args = json.loads((out / "engine-args.json").read_text())
+    assert args["timing"] == {"type": "profile", "request_mode": "floor",
+                              "path": str((out / "profile.csv").resolve())}, (
+        (out / "fit.md").read_text())

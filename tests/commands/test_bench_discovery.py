@@ -1,5 +1,6 @@
 """`lab bench-discovery` against a real local etcd: one table row per worker count, with the
-watcher having seen every registration and every refresh (its message count)."""
+watcher having seen every registration and every refresh (its message count), and the cost of a
+refresh that changes nothing."""
 
 from __future__ import annotations
 
@@ -25,9 +26,13 @@ def test_bench_discovery_prints_a_row_per_worker_count() -> None:
             if re.match(r"\| \d", line)]
     assert [int(r[0]) for r in rows] == [2, 5]
     for row in rows:
-        workers, messages = int(row[0]), int(row[-1])
-        figures = [float(v) for v in row[1:-1]]
+        workers, messages = int(row[0]), int(row[-2])
+        figures = [float(v) for v in row[1:-2]]
         watcher_reg, watcher_refresh, writer, etcd_cpu, etcd_rss = figures
+        unchanged = [float(v) for v in row[-1].split("/")]
+        # an unchanged refresh (a keepalive) costs the writer a request, the watcher nothing
+        # it must see (no event), etcd a keepalive
+        assert len(unchanged) == 3 and all(v >= 0 for v in unchanged) and unchanged[1] > 0, row
         # the watcher and writer are timed on their own CPU clocks (ns); etcd's CPU comes
         # from /proc in clock ticks, so a few events of a quiet etcd can round to 0
         assert watcher_reg > 0 and watcher_refresh > 0 and writer > 0, row

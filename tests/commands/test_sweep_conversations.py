@@ -62,6 +62,25 @@ def test_each_turn_sends_the_history_with_the_previous_answer(tmp_path: Path) ->
     assert "conversations of 3 turns" in header, header
     # --requests counts conversations, and the header says how many requests that makes
     assert "per level: 6 conversations of 3 turns (18 requests)" in header, header
+    _check_turn_table((tmp_path / "run" / "report.md").read_text(), req)
+    # `lab report` rebuilds the report and prints the same table
+    proc = subprocess.run([LAB, "report", str(tmp_path / "run"), "--no-plots"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _check_turn_table(proc.stdout, req)
+
+
+def _check_turn_table(text: str, req: pd.DataFrame) -> None:
+    """The per-turn table: one row per turn at c=2, 6 requests each, the server-reported
+    prompt tokens p50 of each turn (growing turn by turn), TTFT and latency."""
+    assert "| Level | Turn | requests | prompt tokens p50 (server) |" in text, text
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| c=2 | ")]
+    assert [r[1] for r in rows] == ["0", "1", "2"], rows
+    assert [r[2] for r in rows] == ["6", "6", "6"], rows
+    want = req.groupby("turn")["input_tokens"].median().round().astype(int).tolist()
+    assert [int(r[3].replace(",", "")) for r in rows] == want, (rows, want)
+    assert want == sorted(want) and want[0] < want[-1]
+    assert all(r[4] != "-" and r[6].rstrip(" |") != "-" for r in rows), rows
 
 
 def test_under_a_rate_a_turn_follows_its_predecessor(tmp_path: Path) -> None:

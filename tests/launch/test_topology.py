@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from lab.shared.settings import SocketSettings
 from launch.cli import up
 from launch.cli_options import spec_from_options, topology_options
 from launch.errors import TopologyError
-from launch.topology import DEFAULT_SPEEDUP, FleetSpec, TopologySpec
+from launch.topology import DEFAULT_SPEEDUP, FleetSpec, RayPlace, TopologySpec
 
 
 def parse(*args: str) -> TopologySpec:
@@ -174,3 +175,59 @@ def test_out_must_be_empty(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("")
     result = CliRunner().invoke(up, ["--out", str(tmp_path)])
     assert result.exit_code == 2 and "--out" in result.output
+
+
+PLACED = ('frontend_ray_resource = "fe"\n[[fleet]]\nrole = "aggregated"\nray_resource = "gpu_a"\n'
+          'ray_labels = { zone = "a" }\n')
+
+
+def test_ray_placement_fields(tmp_path: Path) -> None:
+    path = tmp_path / "placed.toml"
+    path.write_text(PLACED)
+    spec = TopologySpec.from_toml(path)
+    gpu, fe = RayPlace("gpu_a", (("zone", "a"),)), RayPlace("fe")
+    assert spec.ray_placement() == {"engine-0": gpu, "sidecar-0": gpu, "frontend": fe}
+    assert gpu.agent == "ray-gpu_a,zone=a" and fe.agent == "ray-fe"
+    assert RayPlace.of(None, {"zone": "b"}) == RayPlace(None, (("zone", "b"),))
+    assert TopologySpec.from_dict(spec.to_dict()) == spec
+    spec.check_ray("auto")  # placed, with --ray: fine (discovery defaults to etcd in the Stack)
+    assert TopologySpec().ray_placement() == {}
+    TopologySpec().check_ray(None)  # nothing placed: no Ray needed
+
+
+@pytest.mark.parametrize("text,line,key", [
+    (PLACED.replace('"gpu_a"', '"CPU"'), 4, "fleet[0].ray_resource"),
+    (PLACED.replace('"gpu_a"', '"a b"'), 4, "fleet[0].ray_resource"),
+    (PLACED.replace('"fe"', "3"), 1, "frontend_ray_resource"),
+    (PLACED.replace('zone = "a"', 'zone = 1'), 5, "fleet[0].ray_labels"),
+    (PLACED.replace('zone = "a"', '"a b" = "x"'), 5, "fleet[0].ray_labels"),
+    ('frontend_ray_labels = "x"\n', 1, "frontend_ray_labels"),
+    (PLACED.replace('ray_resource = "gpu_a"', 'ray_resource = "gpu_a"\nhost = "h"')
+     + "[hosts.h]\n", 5, "fleet[0].host"),
+])
+def test_bad_ray_placement_names_key_and_line(tmp_path: Path, text: str, line: int,
+                                              key: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(TopologyError) as err:
+        TopologySpec.from_toml(path, check_system=False)
+    assert f"{path}:{line}:" in str(err.value) and key in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("change,address,needle", [
+    ({}, None, "pass --ray ADDRESS|auto"),
+    ({"discovery": "file:/tmp/d"}, "auto", "through etcd"),
+    ({"hosts": {"h": {}}}, "auto", "cannot be combined"),
+])
+def test_check_ray_refuses(tmp_path: Path, change: dict, address: str | None,
+                           needle: str) -> None:
+    path = tmp_path / "placed.toml"
+    path.write_text(PLACED)
+    spec = dataclasses.replace(TopologySpec.from_toml(path), **change)
+    with pytest.raises(TopologyError, match=needle):
+        spec.check_ray(address)
+
+
+def test_lab_up_ray_needs_a_placed_topology(tmp_path: Path) -> None:
+    result = CliRunner().invoke(up, ["--ray", "auto", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "places nothing on Ray" in result.output, result.output

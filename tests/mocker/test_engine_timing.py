@@ -88,8 +88,10 @@ def test_kv_transfer_delay() -> None:
     assert kv_transfer_ms(a.with_overrides(speedup_ratio=0.0), 1000) == 0.0
 
 
-def _first_pass(engine_type: str, prompt_len: int, max_out: int) -> float:
-    s = Scheduler(EngineArgs(engine_type=engine_type, block_size=32))
+def _first_pass(engine_type: str, prompt_len: int, max_out: int,
+                first_token_decode: bool | None = None) -> float:
+    s = Scheduler(EngineArgs(engine_type=engine_type, block_size=32,
+                             first_token_decode=first_token_decode))
     s.add(EngineRequest("r", list(range(prompt_len)), max_out, lambda p: 1000 + p))
     res = s.step(0.0)
     assert len(res.signals) == 1 and res.signals[0].position == 0
@@ -97,22 +99,26 @@ def _first_pass(engine_type: str, prompt_len: int, max_out: int) -> float:
 
 
 def test_first_token_pass_cost_per_policy() -> None:
-    """trtllm charges the first token as a decode step of the prefill pass; vllm samples it
-    from the prefill; a one-token request (prefill role) has zero decode time on both."""
+    """Both policies sample the first token from the prefill pass by default (trtllm charged a
+    decode step for it until the default was set on Dynamo's and TensorRT-LLM's behaviour,
+    docs/fidelity.md); with `first_token_decode` on the pass also holds a decode step, except
+    for a one-token request (prefill role), which has zero decode time."""
     pre = polynomial_prefill_ms(1000)
     dec = polynomial_decode_ms(1000 / CAP)
-    assert _first_pass("trtllm", 1000, 10) == pytest.approx(pre + dec)
+    assert _first_pass("trtllm", 1000, 10) == pytest.approx(pre)
     assert _first_pass("vllm", 1000, 10) == pytest.approx(pre)
-    assert _first_pass("trtllm", 1000, 1) == pytest.approx(pre)
+    assert _first_pass("trtllm", 1000, 10, True) == pytest.approx(pre + dec)
+    assert _first_pass("trtllm", 1000, 1, True) == pytest.approx(pre)
 
 
 def test_pass_duration_sums_prefill_and_decode_of_the_batch() -> None:
-    s = Scheduler(EngineArgs(speedup_ratio=4.0))
+    # first_token_decode on (no longer the trtllm default), so that the pass sums both
+    s = Scheduler(EngineArgs(speedup_ratio=4.0, first_token_decode=True))
     s.add(EngineRequest("a", list(range(100)), 50, lambda p: 1000))
     s.step(0.0)
     s.add(EngineRequest("b", list(range(2000, 2300)), 50, lambda p: 1000))
     res = s.step(10.0)
-    # a decodes (seq 101), b prefills 300 and (trtllm) decodes its first token (seq 300)
+    # a decodes (seq 101), b prefills 300 and decodes its first token (seq 300)
     want = polynomial_prefill_ms(300) / 4 + polynomial_decode_ms((101 + 300) / CAP) / 4
     assert res.duration_ms == pytest.approx(want)
     assert (res.batch_size, res.prefill_tokens, res.decode_requests) == (2, 300, 2)

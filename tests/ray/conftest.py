@@ -1,7 +1,8 @@
-"""One real multi-node Ray cluster for the Ray tests (`ray.cluster_utils.Cluster`): a head and
-two workers on this machine, one CPU each, each with its own custom resource (`node0`..`node2`)
-and one unit of `lab_client`, so a STRICT_SPREAD client puts one actor on each. Torn down at the
-end of the session, also when the run is interrupted (pytest runs fixture finalizers on Ctrl-C)."""
+"""One real multi-node Ray cluster for the Ray tests (`ray.cluster_utils.Cluster`): a head and two
+workers on this machine, one CPU each, each with its own custom resource (`node0`..`node2`), its
+own label (`lab-node` = "0".."2") and one unit of `lab_client`, so a STRICT_SPREAD client puts
+one actor on each. Torn down at the end of the session, also when the run is interrupted (pytest
+runs fixture finalizers on Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ NODES = 3
 CLIENT_RESOURCE = "lab_client"
 
 
+#: Each node's label (`ray start --labels`): lab-node = "<k>".
+NODE_LABEL = "lab-node"
+
+
 def node_args(k: int) -> dict[str, Any]:
     return {"num_cpus": 1, "resources": {f"node{k}": 1, CLIENT_RESOURCE: 1},
+            "labels": {NODE_LABEL: str(k)},
             "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024}
 
 

@@ -160,6 +160,82 @@ async def test_watch_sees_add_change_and_remove(etcd: LocalEtcd) -> None:
         await reader.close()
 
 
+WORKERS = 50
+
+
+@needs_etcd
+async def test_a_refresh_costs_one_record_and_an_unchanged_one_nothing(
+    etcd: LocalEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 50 workers registered: a heartbeat that changes nothing writes nothing (etcd's
+    revision stands still, no watch event); one with a new load sample is one watch step naming
+    that one record, which touches one record (counted comparisons, not the set's size) and
+    leaves the router's per-role list as it was; a withdrawal removes just that worker."""
+    from lab.serve.discovery import Changes
+    from lab.serve.frontend.workers import WorkerSet
+    from lab.shared.settings import SocketSettings
+
+    class NoClient:
+        def __init__(self, address: str, settings: SocketSettings) -> None:
+            self.address = address
+
+        async def close(self) -> None:
+            return None
+
+    compared = [0]
+    same_content = WorkerRecord.same_content
+
+    def counted(self: WorkerRecord, other: WorkerRecord) -> bool:
+        compared[0] += 1
+        return same_content(self, other)
+
+    monkeypatch.setattr(WorkerRecord, "same_content", counted)
+    writer = EtcdRegistry(etcd.client_url)
+    reader = EtcdRegistry(etcd.client_url)
+    workers = WorkerSet(reader, SocketSettings(), client_factory=NoClient)  # type: ignore[arg-type]
+    steps: list[Changes] = []
+
+    async def follow() -> None:
+        async for changes in reader.watch_changes():
+            steps.append(changes)
+            await workers.apply_changes(changes)
+
+    records = [record(f"w{i:02d}", f"127.0.0.1:{1000 + i}", load={"running": 0})
+               for i in range(WORKERS)]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(follow())
+            for r in records:
+                await writer.register(r)
+            await wait_for(lambda: workers.counts()["aggregated"] == WORKERS, 10, "all workers")
+            pool = workers._by_role["aggregated"]
+            _, revision = await reader._range()
+            for r in records:  # idle heartbeats: the same content
+                await writer.refresh(r)
+            _, after = await reader._range()
+            assert after == revision, "an unchanged refresh wrote to etcd"
+            n, compared[0] = len(steps), 0
+            records[7].load = {"running": 3}
+            await writer.refresh(records[7])
+            await wait_for(lambda: len(steps) > n, 5, "the load change")
+            assert steps[n:] == [Changes((steps[n].records[0],))]
+            assert steps[n].records[0].worker_id == "w07"
+            assert workers._workers["w07"].load == {"running": 3}
+            assert compared[0] <= 2, f"{compared[0]} record comparisons for one change"
+            assert workers._by_role["aggregated"] is pool  # no rebuild for a load sample
+            n = len(steps)
+            await writer.withdraw("w03")
+            await wait_for(lambda: len(steps) > n, 5, "the withdrawal")
+            assert steps[n:] == [Changes((), ("w03",))]
+            assert "w03" not in {w.worker_id for w in workers._by_role["aggregated"]}
+            assert workers.counts()["aggregated"] == WORKERS - 1
+            task.cancel()
+    finally:
+        await writer.close()
+        await reader.close()
+        await workers.close()
+
+
 @needs_etcd
 async def test_refresh_after_lease_loss_registers_again(etcd: LocalEtcd) -> None:
     reg = open_registry(etcd.spec, ttl_s=2)

@@ -442,6 +442,8 @@ async def test_client_reconnects_after_server_restart(service: Service) -> None:
     channel = H2GrpcChannel(f"127.0.0.1:{port}")
     try:
         assert await channel.unary_unary(UNARY)(b"a") == b"a"
+        # no grpc.keepalive_time_ms: no keepalive, no PING ever (grpcio's client default)
+        assert channel._conn is not None and channel._conn.keepalive is None
         await server.stop(None)
         await wait_for(lambda: channel._conn is None, WAIT, interval=0)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -570,3 +572,54 @@ async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
             await server.stop(None)
     finally:
         await channel.close()
+
+
+# -- keepalive ------------------------------------------------------------------------------------
+
+KEEPALIVE_OPTIONS = [("grpc.keepalive_time_ms", 50), ("grpc.keepalive_timeout_ms", 2000)]
+
+
+async def test_keepalive_pings_a_quiet_connection_and_the_peer_acks(service: Service) -> None:
+    """A stream that went quiet: the channel PINGs every ~50-100 ms, the h2grpc server ACKs,
+    and the call lives on."""
+    server, port = await start_server("h2", service)
+    channel = H2GrpcChannel(f"127.0.0.1:{port}", options=KEEPALIVE_OPTIONS)
+    try:
+        call = channel.unary_stream(HANG)(b"quiet")
+        assert await call.read() == b"first"
+        conn = channel._conn
+        assert conn is not None and conn.keepalive is not None
+        await wait_for(lambda: conn.keepalive.pings >= 3, WAIT, "three PINGs")
+        assert not call.done() and channel._conn is conn
+        call.cancel()
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_keepalive_declares_a_silent_peer_dead() -> None:
+    """A peer that accepts the TCP connection and never answers (a SIGSTOPped process looks the
+    same): the unanswered PING fails the call UNAVAILABLE, naming the keepalive."""
+    from lab.wire.h2grpc import KEEPALIVE_LOST
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channel = H2GrpcChannel(f"127.0.0.1:{port}", options=[
+        ("grpc.keepalive_time_ms", 50), ("grpc.keepalive_timeout_ms", 200)])
+    try:
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await channel.unary_unary(UNARY)(b"anyone?")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert KEEPALIVE_LOST in (err.value.details() or "")
+    finally:
+        await channel.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

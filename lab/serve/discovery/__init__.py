@@ -6,6 +6,6 @@ networked store (etcd) can be added without touching them.
 
 from __future__ import annotations
 
-from lab.serve.discovery.base import Registry, WorkerRecord, open_registry
+from lab.serve.discovery.base import Changes, Registry, WorkerRecord, open_registry
 
-__all__ = ["Registry", "WorkerRecord", "open_registry"]
+__all__ = ["Changes", "Registry", "WorkerRecord", "open_registry"]

@@ -4,16 +4,20 @@
 
 Layout: one key per worker, `<prefix><worker_id>`, whose value is the record's JSON. Each key is
 attached to its own lease (TTL = the registry's ttl, rounded up to whole seconds). `refresh()`
-(the sidecar's heartbeat) keeps the lease alive and re-publishes the record, so a sidecar killed
-with SIGKILL disappears when its lease runs out, with no cleanup code running anywhere. When a
-keepalive finds the lease already gone (the process stalled for longer than the TTL, or etcd
-lost it), refresh grants a new lease and puts the record again. `withdraw()` deletes the key and
-revokes the lease.
+(the sidecar's heartbeat) keeps the lease alive and re-publishes the record only when its
+content changed (a new load sample): a heartbeat that changes nothing is one keepalive and no
+watch event at all. A sidecar killed with SIGKILL disappears when its lease runs out, with no
+cleanup code running anywhere. When a keepalive finds the lease already gone (the process
+stalled for longer than the TTL, or etcd lost it), refresh grants a new lease and puts the
+record again. `withdraw()` deletes the key and revokes the lease.
 
-`watch()` ranges the prefix, yields the live set, then follows the `/v3/watch` stream from the
-next revision and yields again whenever the set changes (a heartbeat that only moves
+`watch_changes()` (what the frontend follows) ranges the prefix, yields the live set (a reset),
+then follows the `/v3/watch` stream from the next revision and yields each watch message's
+changes: the records it added or changed and the ids it removed, found by looking up the one key
+each event names, so an event costs the same at 10 workers as at 10,000 (a put that only moves
 `updated_at` is not a change, as in the file store). When the stream breaks or cannot be opened
-it falls back to polling: wait `poll_s`, range again (yield if changed), and reconnect.
+it falls back to polling: wait `poll_s`, range again (a reset if the set differs), and
+reconnect. `watch()` folds those changes into whole sets for callers that want them.
 
 Only the gateway's documented endpoints are used (kv/put, kv/range, kv/deleterange,
 lease/grant, lease/keepalive, lease/revoke, watch); keys and values travel base64-encoded. No
@@ -31,13 +35,14 @@ import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
-from lab.serve.discovery.base import Registry, WorkerRecord
+from lab.serve.discovery.base import Changes, Registry, WorkerRecord
 from lab.shared.settings import DiscoveryTiming
 
 log = logging.getLogger("lab.discovery.etcd")
@@ -106,8 +111,12 @@ def _check_worker_id(worker_id: str) -> str:
     return worker_id
 
 
-def _comparable(records: list[WorkerRecord]) -> list[dict[str, Any]]:
-    return [{**r.to_json(), "updated_at": None} for r in records]
+def _same_state(a: dict[bytes, WorkerRecord], b: dict[bytes, WorkerRecord]) -> bool:
+    return a.keys() == b.keys() and all(a[k].same_content(b[k]) for k in a)
+
+
+def _by_id(records: builtins.list[WorkerRecord]) -> builtins.list[WorkerRecord]:
+    return sorted(records, key=lambda r: r.worker_id)
 
 
 class EtcdRegistry(Registry):
@@ -135,6 +144,7 @@ class EtcdRegistry(Registry):
         self.request_timeout_s = float(request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._leases: dict[str, int] = {}  # worker id -> lease id (records this registry owns)
+        self._published: dict[str, WorkerRecord] = {}  # worker id -> what its last put wrote
 
     @classmethod
     def from_spec(cls, spec: str, **options: Any) -> EtcdRegistry:
@@ -206,6 +216,7 @@ class EtcdRegistry(Registry):
 
     async def _put(self, record: WorkerRecord, lease: int) -> None:
         record.updated_at = time.time()
+        self._published.pop(record.worker_id, None)
         await self._call(
             "/v3/kv/put",
             {
@@ -214,6 +225,8 @@ class EtcdRegistry(Registry):
                 "lease": str(lease),
             },
         )
+        # A copy: the caller keeps mutating its record (a new load sample each heartbeat).
+        self._published[record.worker_id] = replace(record, load=dict(record.load))
 
     # -- Registry -----------------------------------------------------------------------------
 
@@ -228,8 +241,9 @@ class EtcdRegistry(Registry):
                 await self._revoke(old)
 
     async def refresh(self, record: WorkerRecord) -> None:
-        """Keep the lease alive and re-publish the record (new load sample). A lease that is
-        gone (or a refresh before any register) gets a fresh lease: the record reappears."""
+        """Keep the lease alive and re-publish the record if its content changed (a new load
+        sample); unchanged, the keepalive is all (no watch event). A lease that is gone (or a
+        refresh before any register) gets a fresh lease: the record reappears."""
         _check_worker_id(record.worker_id)
         lease = self._leases.get(record.worker_id)
         if lease is None or not await self._keepalive(lease):
@@ -240,11 +254,15 @@ class EtcdRegistry(Registry):
                 )
             await self.register(record)
             return
+        published = self._published.get(record.worker_id)
+        if published is not None and published.same_content(record):
+            return
         await self._put(record, lease)
 
     async def withdraw(self, worker_id: str) -> None:
         _check_worker_id(worker_id)
         await self._call("/v3/kv/deleterange", {"key": _b64(self.prefix + worker_id)})
+        self._published.pop(worker_id, None)
         lease = self._leases.pop(worker_id, None)
         if lease is not None:
             await self._revoke(lease)
@@ -273,15 +291,28 @@ class EtcdRegistry(Registry):
 
     async def list(self) -> builtins.list[WorkerRecord]:
         records, _ = await self._range()
-        return sorted(records.values(), key=lambda r: r.worker_id)
+        return _by_id(list(records.values()))
 
     async def watch(self) -> AsyncIterator[builtins.list[WorkerRecord]]:
-        """Yield the live set now, then each time it changes (see the module docstring).
+        """Yield the live set now, then each time it changes: `watch_changes` folded into whole
+        sets (O(N) per change; the frontend follows `watch_changes` itself)."""
+        live: dict[str, WorkerRecord] = {}
+        async for change in self.watch_changes():
+            if change.reset:
+                live = {}
+            for record in change.records:
+                live[record.worker_id] = record
+            for worker_id in change.removed:
+                live.pop(worker_id, None)
+            yield _by_id(list(live.values()))
+
+    async def watch_changes(self) -> AsyncIterator[Changes]:
+        """The live set now, then each change (see the module docstring).
 
         Never raises for an unreachable etcd: it logs (once per outage) and keeps retrying every
-        `poll_s`, yielding again as soon as the set is readable and differs.
+        `poll_s`, yielding a reset as soon as the set is readable and differs.
         """
-        last: builtins.list[dict[str, Any]] | None = None
+        known: dict[bytes, WorkerRecord] | None = None
         outage: str | None = None
         while True:
             try:
@@ -295,16 +326,13 @@ class EtcdRegistry(Registry):
             if outage is not None:
                 log.info("discovery: etcd at %s is reachable again", self.url)
                 outage = None
-            records = sorted(state.values(), key=lambda r: r.worker_id)
-            if _comparable(records) != last:
-                last = _comparable(records)
-                yield records
+            if known is None or not _same_state(known, state):
+                yield Changes(tuple(_by_id(list(state.values()))), reset=True)
+            known = state
             try:
                 async with contextlib.aclosing(self._follow(state, revision + 1)) as changes:
-                    async for records in changes:
-                        if _comparable(records) != last:
-                            last = _comparable(records)
-                            yield records
+                    async for change in changes:
+                        yield change
             except (EtcdError, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
                 log.warning(
                     "discovery: etcd watch stream broke (%s); polling, then reconnecting", exc
@@ -313,9 +341,10 @@ class EtcdRegistry(Registry):
 
     async def _follow(
         self, state: dict[bytes, WorkerRecord], start_revision: int
-    ) -> AsyncGenerator[builtins.list[WorkerRecord], None]:
-        """Apply /v3/watch events to `state` from `start_revision`; yield the set after each
-        message with events. Returns when the stream ends or etcd cancels the watch."""
+    ) -> AsyncGenerator[Changes, None]:
+        """Apply /v3/watch events to `state` from `start_revision`; yield each message's
+        changes (none: nothing is yielded). Each event touches the one key it names. Returns
+        when the stream ends or etcd cancels the watch."""
         body = {
             "create_request": {
                 "key": _b64(self.prefix),
@@ -350,16 +379,27 @@ class EtcdRegistry(Registry):
                         events = result.get("events")
                         if not events:
                             continue
+                        changed: dict[str, WorkerRecord | None] = {}  # None: removed
                         for event in events:
                             kv = event.get("kv", {})
                             key = _unb64(kv.get("key", ""))
+                            old = state.get(key)
                             if event.get("type") == "DELETE":
-                                state.pop(key, None)
-                            else:
-                                record = self._decode(kv)
-                                if record is not None:
-                                    state[key] = record
-                        yield sorted(state.values(), key=lambda r: r.worker_id)
+                                if old is not None:
+                                    del state[key]
+                                    changed[old.worker_id] = None
+                                continue
+                            record = self._decode(kv)
+                            if record is None:
+                                continue
+                            state[key] = record
+                            if old is None or not old.same_content(record):
+                                changed[record.worker_id] = record
+                        if changed:
+                            yield Changes(
+                                tuple(r for r in changed.values() if r is not None),
+                                tuple(w for w, r in changed.items() if r is None),
+                            )
         except aiohttp.ClientConnectionError as exc:
             raise EtcdUnavailable(f"etcd at {self.url} is unreachable (/v3/watch): {exc}") from exc
 
@@ -372,6 +412,7 @@ class EtcdRegistry(Registry):
             except EtcdError as exc:
                 log.warning("could not revoke the etcd lease of %s: %s", worker_id, exc)
         self._leases.clear()
+        self._published.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None

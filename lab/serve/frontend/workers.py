@@ -1,11 +1,12 @@
 """The frontend's view of the fleet: discovery records -> one `SidecarHandle` (a request-plane
 client and the frontend's state) per worker's sidecar.
 
-The watch loop applies each live set the registry yields: new workers get a RequestPlaneClient,
-changed records update the published load, workers that left discovery stop receiving new
-requests at once but keep their client until their in-flight requests finish (a sidecar that
-withdraws on SIGTERM keeps serving through its grace period); the janitor closes idle retired
-clients.
+The watch loop applies each change the registry yields (`Registry.watch_changes`): new workers
+get a RequestPlaneClient, changed records update the published load, workers that left discovery
+stop receiving new requests at once but keep their client until their in-flight requests finish
+(a sidecar that withdraws on SIGTERM keeps serving through its grace period); the janitor closes
+idle retired clients. A change costs its own size: a new load sample replaces one handle's
+record (what the router reads) in O(1); only a join or a leave rebuilds the per-role lists.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lab.serve.discovery import Registry, WorkerRecord
+from lab.serve.discovery import Changes, Registry, WorkerRecord
 from lab.serve.frontend.config import WORKER_BACKOFF_S
 from lab.serve.request_plane.api import ClientFactory, PlaneClient
 from lab.serve.router import Router
@@ -96,32 +97,72 @@ class WorkerSet:
     # --- discovery -----------------------------------------------------------------------------
 
     async def watch(self) -> None:
-        async for records in self.registry.watch():
-            await self.apply(records)
+        async for changes in self.registry.watch_changes():
+            await self.apply_changes(changes)
 
     async def apply(self, records: Iterable[WorkerRecord]) -> None:
+        """Make the live set `records` (a whole set: O(N))."""
         live: dict[str, WorkerRecord] = {r.worker_id: r for r in records}
         for worker_id, worker in list(self._workers.items()):
             record = live.get(worker_id)
-            if record is None or record.address != worker.record.address:
+            if record is None or not self._update(worker, record):
                 self._retire(worker)
-            else:
-                worker.record = record
         for worker_id, record in live.items():
             if worker_id not in self._workers:
-                if record.role not in self._by_role:
-                    log.warning("ignoring worker %s with unknown role %r", worker_id, record.role)
-                    continue
-                worker = SidecarHandle(record, self._factory(record.address, self.settings))
-                self._workers[worker_id] = worker
-                log.info(
-                    "worker joined: %s role=%s address=%s", worker_id, record.role, record.address
-                )
-        self._by_role = {role: [] for role in ROLES}
-        for worker in self._workers.values():
-            self._by_role[worker.role].append(worker)
+                self._join(record)
+        self._rebuild_roles()
         self.synced.set()
         await self.close_idle()
+
+    async def apply_changes(self, changes: Changes) -> None:
+        """Apply one step of a watch: a reset is a whole set (`apply`); otherwise each record
+        costs O(1), and the per-role lists are rebuilt only when a worker joined or left."""
+        if changes.reset:
+            await self.apply(changes.records)
+            return
+        membership = False
+        for record in changes.records:
+            worker = self._workers.get(record.worker_id)
+            if worker is not None and self._update(worker, record):
+                continue
+            if worker is not None:
+                self._retire(worker)
+            self._join(record)
+            membership = True
+        for worker_id in changes.removed:
+            worker = self._workers.get(worker_id)
+            if worker is not None:
+                self._retire(worker)
+                membership = True
+        if membership:
+            self._rebuild_roles()
+        self.synced.set()
+        await self.close_idle()
+
+    @staticmethod
+    def _update(worker: SidecarHandle, record: WorkerRecord) -> bool:
+        """Take a newer record of the same sidecar (same address and role); False when it is
+        another sidecar under the same id (the old one retires, the new one joins)."""
+        if record.address != worker.record.address or record.role != worker.role:
+            return False
+        worker.record = record
+        return True
+
+    def _join(self, record: WorkerRecord) -> None:
+        if record.role not in self._by_role:
+            log.warning("ignoring worker %s with unknown role %r", record.worker_id, record.role)
+            return
+        worker = SidecarHandle(record, self._factory(record.address, self.settings))
+        self._workers[record.worker_id] = worker
+        log.info(
+            "worker joined: %s role=%s address=%s", record.worker_id, record.role, record.address
+        )
+
+    def _rebuild_roles(self) -> None:
+        by_role: dict[str, list[SidecarHandle]] = {role: [] for role in ROLES}
+        for worker in self._workers.values():
+            by_role[worker.role].append(worker)
+        self._by_role = by_role
 
     def _retire(self, worker: SidecarHandle) -> None:
         del self._workers[worker.worker_id]

@@ -62,6 +62,8 @@ def sidecar(settings: SidecarSettings) -> None:
         stale_load_s=s.stale_load,
         stall_s=s.stall,
         probe_timeout_s=s.probe_timeout,
+        keepalive_s=s.keepalive,
+        keepalive_timeout_s=s.keepalive_timeout,
     )
     try:
         code = uvloop.run(Sidecar(config).run())

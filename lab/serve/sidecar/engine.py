@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from lab.serve.sidecar.convert import ROLE_NAMES, EngineFacts
-from lab.shared.settings import DEFAULT_MODEL
+from lab.shared.settings import DEFAULT_MODEL, SidecarTiming
 from lab.shared.sidecar_settings import STARTUP_WAIT_PREFIX
 from lab.wire.address import split_address
 from lab.wire.constants import MAX_GRPC_MESSAGE_BYTES
@@ -100,12 +100,24 @@ class EngineInfo:
 
 
 class EngineLink:
-    """One H2GrpcChannel to the engine and the stubs that share it."""
+    """One H2GrpcChannel to the engine and the stubs that share it. With `keepalive_s` the
+    connection PINGs when quiet and is declared dead when a PING goes unanswered for
+    `keepalive_timeout_s` (its calls fail with `lab.wire.h2grpc.KEEPALIVE_LOST`)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(
+        self,
+        target: str,
+        keepalive_s: float = SidecarTiming.keepalive_s,
+        keepalive_timeout_s: float = SidecarTiming.keepalive_timeout_s,
+    ) -> None:
         self.target = target
         self.channel = H2GrpcChannel(
-            target, options=[("grpc.max_receive_message_length", MAX_MESSAGE)]
+            target,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+                ("grpc.keepalive_time_ms", max(1, round(keepalive_s * 1000))),
+                ("grpc.keepalive_timeout_ms", max(1, round(keepalive_timeout_s * 1000))),
+            ],
         )
         self.inference = openengine_pb2_grpc.InferenceStub(self.channel)
         self.control = openengine_pb2_grpc.ControlStub(self.channel)

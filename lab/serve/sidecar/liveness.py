@@ -7,7 +7,9 @@
   than SERVING (a first SERVICE_UNKNOWN included), the stream ending, the stream failing, or the
   stream not opening (no first status) within the connect-attempt timeout is a loss. NotFound or
   Unimplemented means the engine has no health service: one warning, no watch, no loss.
-  Readiness ("inference") is deliberately not watched.
+  Readiness ("inference") is deliberately not watched. A connection that died of its keepalive
+  (an HTTP/2 PING unanswered: a frozen engine, whose TCP connection stays open) is no loss: the
+  watch returns why, and the sidecar takes the worker out of rotation until the engine serves.
 * `LoadMonitor`: no fresh GetLoad sample for `stale_s` while requests are active, or a GetLoad
   reporting another engine instance id.
 """
@@ -21,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lab.wire.constants import HEALTH_LIVENESS
-from lab.wire.h2grpc import H2GrpcChannel
+from lab.wire.h2grpc import KEEPALIVE_LOST, H2GrpcChannel
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +62,10 @@ async def watch_liveness(
     loss: EngineLoss,
     open_timeout_s: float,
     service: str = HEALTH_LIVENESS,
-) -> None:
-    """Follow Health/Watch(service) until a loss (reported to `loss`) or no health service
-    (returns after one warning). Cancel to stop."""
+) -> str | None:
+    """Follow Health/Watch(service) until a loss (reported to `loss`; returns None), no health
+    service (returns None after one warning), or a keepalive timeout (returns its reason: the
+    engine is frozen, not lost). Cancel to stop."""
     stub = health_pb2_grpc.HealthStub(channel)
     call = stub.Watch(health_pb2.HealthCheckRequest(service=service))
     try:
@@ -71,28 +74,32 @@ async def watch_liveness(
                 first = await call.read()
         except TimeoutError:
             loss.report(f"liveness watch did not open within {open_timeout_s:g} s")
-            return
+            return None
         response = first
         while True:
             if response is grpc.aio.EOF:
                 loss.report("liveness watch ended (the engine is shutting down)")
-                return
+                return None
             status = response.status
             if status != _SERVING:
                 name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
                 loss.report(f"liveness status {name}")
-                return
+                return None
             response = await call.read()
     except grpc.aio.AioRpcError as exc:
         code = exc.code()
+        details = exc.details() or ""
         if code in _NO_HEALTH_SERVICE:
             log.warning(
                 "engine health service answered %s for %r: engine loss is not watched",
                 code.name,
                 service,
             )
-            return
-        loss.report(f"liveness watch failed: {code.name}: {exc.details() or ''}".rstrip(": "))
+            return None
+        if code == grpc.StatusCode.UNAVAILABLE and KEEPALIVE_LOST in details:
+            return f"liveness watch: {details}"
+        loss.report(f"liveness watch failed: {code.name}: {details}".rstrip(": "))
+        return None
     finally:
         call.cancel()
 

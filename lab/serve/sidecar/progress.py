@@ -8,10 +8,16 @@ or simply stops answering; neither ends the liveness watch. Two signals catch it
   requests in flight and no message on any of them for `stall_s` is a stall. Time only counts
   while requests are in flight, so an idle engine never stalls, and a request that arrives at an
   idle engine starts the clock when it arrives (within one poll).
-* `StallCheck.load_sample`: with nothing in flight, GetLoad (the heartbeat) has not answered
-  for `stall_s` (a stopped process never answers), or its engine timestamp stood still and is
-  older than `stall_s` (a frozen engine loop). An engine whose timestamps were never fresh nor
-  moving (it does not stamp samples) is not judged by them.
+* `StallCheck.load_asked` / `load_sample`: with nothing in flight, a GetLoad (the heartbeat) is
+  outstanding and the engine has shown no sign of life for `stall_s` (a stopped process never
+  answers), or GetLoad answers but its engine timestamp stood still and is older than `stall_s`
+  (a frozen engine loop). An engine whose timestamps were never fresh nor moving (it does not
+  stamp samples) is not judged by them. A sign of life is a GetLoad answer or token progress:
+  the clock starts when a GetLoad is asked and not answered, never earlier than the last token.
+  So a deep queue, whose GetLoads may answer late while tokens flow, is not judged by the
+  moment the last sample arrived when it drains: the former rule (time since the last GetLoad
+  answer) withdrew a busy engine the instant its queue emptied after a busy stretch with late
+  or rare samples, and ended the next requests with 503.
 
 A stalled worker withdraws from discovery and ends its in-flight requests with a retryable error
 (the frontend migrates them). It stays up and probes the engine (`probe_engine`): one canary
@@ -52,7 +58,8 @@ class StallCheck:
         self.stall_s = stall_s
         self._seen = -1
         self._last_progress = now
-        self._last_load = now
+        self._last_life = now  # the last token progress or GetLoad answer
+        self._asked: float | None = None  # when the oldest unanswered GetLoad was asked
         self._stamp: int | None = None
         self._stamp_live = False  # the engine's timestamps have been seen fresh or moving
 
@@ -60,7 +67,13 @@ class StallCheck:
         """Start afresh (after the worker re-entered rotation)."""
         self._seen = -1
         self._last_progress = now
-        self._last_load = now
+        self._last_life = now
+        self._asked = None
+
+    def load_asked(self, now: float) -> None:
+        """A GetLoad is about to be sent: until an answer shows progress, its clock runs."""
+        if self._asked is None:
+            self._asked = now
 
     def load_sample(self, stamp_ns: int | None, now: float, wall_ns: int | None = None) -> None:
         """A GetLoad answer (`wall_ns`: this host's time.time_ns() when it arrived). It shows
@@ -73,12 +86,17 @@ class StallCheck:
             if fresh or moved:
                 self._stamp_live = True
             elif self._stamp_live:
+                if self._asked is None:  # frozen since its last live answer
+                    self._asked = self._last_life
                 return
-        self._last_load = now
+        self._asked = None
+        self._last_life = now
 
     def check(self, messages: int, active: int, now: float) -> str | None:
         """The stall reason, or None while the engine is making progress."""
         if active == 0 or messages != self._seen:
+            if messages != self._seen:
+                self._last_life = now
             self._seen = messages
             self._last_progress = now
         elif now - self._last_progress > self.stall_s:
@@ -86,10 +104,12 @@ class StallCheck:
                 f"no token progress for {now - self._last_progress:.1f} s "
                 f"while {active} requests are in flight"
             )
-        if active == 0 and now - self._last_load > self.stall_s:
+        if active == 0 and self._asked is not None:
             # With requests in flight token progress decides (a busy engine may answer GetLoad
             # late); idle, an engine that stopped answering is caught here.
-            return f"GetLoad has shown no progress for {now - self._last_load:.1f} s"
+            silent = now - max(self._asked, self._last_life)
+            if silent > self.stall_s:
+                return f"GetLoad has shown no progress for {silent:.1f} s"
         return None
 
 

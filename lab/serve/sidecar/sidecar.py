@@ -57,6 +57,8 @@ class SidecarConfig:
     stale_load_s: float = SidecarTiming.stale_load_s
     stall_s: float = SidecarTiming.stall_s
     probe_timeout_s: float = SidecarTiming.probe_timeout_s
+    keepalive_s: float = SidecarTiming.keepalive_s
+    keepalive_timeout_s: float = SidecarTiming.keepalive_timeout_s
 
 
 def load_dict(load) -> dict:
@@ -90,6 +92,7 @@ class Sidecar:
         self.loss: EngineLoss | None = None
         self.received = MessageCounter()
         self.stalled: str | None = None  # why the worker is out of rotation (engine stalled)
+        self._back: asyncio.Event | None = None  # set when an out-of-rotation spell ends
         self._registry_lock = asyncio.Lock()
 
     # -- request path ---------------------------------------------------------------------------
@@ -193,6 +196,7 @@ class Sidecar:
         last_warn = float("-inf")
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
+            stall.load_asked(time.monotonic())
             try:
                 load = await self.link.load(timeout_s=max(1.0, cfg.heartbeat_s))
                 now = time.monotonic()
@@ -222,38 +226,73 @@ class Sidecar:
         while True:
             await asyncio.sleep(tick)
             reason = stall.check(self.received.messages, len(self._active), time.monotonic())
-            if reason is None:
-                continue
-            since = time.monotonic()
+            if reason is not None:
+                await self._out_of_rotation(registry, record, stall, reason)
+
+    async def _liveness(
+        self, registry: Registry, record: WorkerRecord, stall: StallCheck, loss: EngineLoss
+    ) -> None:
+        """The liveness watch, again after each keepalive timeout: a connection whose PING went
+        unanswered (a frozen engine) takes the worker out of rotation like a stall, and the
+        watch follows the new connection once the engine serves."""
+        assert self.link is not None
+        while True:
+            frozen = await watch_liveness(
+                self.link.channel, loss, self.config.connect_attempt_timeout_s
+            )
+            if frozen is None:
+                return
+            await self._out_of_rotation(registry, record, stall, frozen)
+
+    async def _out_of_rotation(
+        self, registry: Registry, record: WorkerRecord, stall: StallCheck, reason: str
+    ) -> None:
+        """Withdraw, end the in-flight requests retryable, probe until the engine serves,
+        register again. While another path has the worker out already, wait for its return."""
+        if self._back is not None:
+            await self._back.wait()
+            return
+        self._back = asyncio.Event()
+        try:
+            await self._withdrawn_until_serving(registry, record, stall, reason)
+        finally:
+            self._back.set()
+            self._back = None
+
+    async def _withdrawn_until_serving(
+        self, registry: Registry, record: WorkerRecord, stall: StallCheck, reason: str
+    ) -> None:
+        """The out-of-rotation spell itself (`_out_of_rotation`)."""
+        since = time.monotonic()
+        async with self._registry_lock:
+            self.stalled = reason
+            try:
+                await registry.withdraw(self.worker_id)
+            except OSError as exc:
+                log.error("discovery withdraw failed (the record will expire): %s", exc)
+        log.error(
+            "engine stalled: %s; withdrawn from discovery, %d in-flight requests end "
+            "retryable; probing the engine",
+            reason,
+            len(self._active),
+        )
+        self._cut_active(f"engine stalled: {reason}")
+        await self._wait_serving(float("inf"))
+        while True:
             async with self._registry_lock:
-                self.stalled = reason
                 try:
-                    await registry.withdraw(self.worker_id)
+                    await registry.register(record)
                 except OSError as exc:
-                    log.error("discovery withdraw failed (the record will expire): %s", exc)
-            log.error(
-                "engine stalled: %s; withdrawn from discovery, %d in-flight requests end "
-                "retryable; probing the engine",
-                reason,
-                len(self._active),
-            )
-            self._cut_active(f"engine stalled: {reason}")
-            await self._wait_serving(float("inf"))
-            while True:
-                async with self._registry_lock:
-                    try:
-                        await registry.register(record)
-                    except OSError as exc:
-                        log.error("discovery register failed (retrying in 1 s): %s", exc)
-                    else:
-                        self.stalled = None
-                        break
-                await asyncio.sleep(1.0)
-            stall.reset(time.monotonic())
-            log.info(
-                "engine serves again after %.1f s out of rotation: registered again",
-                time.monotonic() - since,
-            )
+                    log.error("discovery register failed (retrying in 1 s): %s", exc)
+                else:
+                    self.stalled = None
+                    break
+            await asyncio.sleep(1.0)
+        stall.reset(time.monotonic())
+        log.info(
+            "engine serves again after %.1f s out of rotation: registered again",
+            time.monotonic() - since,
+        )
 
     async def _wait_serving(self, deadline: float) -> str | None:
         """Probe the engine until it shows it can serve (None) or `deadline` (time.monotonic())
@@ -297,7 +336,7 @@ class Sidecar:
             loop.add_signal_handler(sig, on_signal, sig.name)
 
         registry = open_registry(cfg.discovery, ttl_s=cfg.ttl_s)
-        self.link = EngineLink(cfg.engine)
+        self.link = EngineLink(cfg.engine, cfg.keepalive_s, cfg.keepalive_timeout_s)
         server: RequestPlaneServer | None = None
         try:
             try:
@@ -373,9 +412,7 @@ class Sidecar:
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(self._heartbeat(registry, record, monitor, stall))
             stall_watch = tg.create_task(self._stall_watch(registry, record, stall))
-            watch = tg.create_task(
-                watch_liveness(self.link.channel, loss, cfg.connect_attempt_timeout_s)
-            )
+            watch = tg.create_task(self._liveness(registry, record, stall, loss))
             stop_wait = tg.create_task(self._stop.wait())
             loss_wait = tg.create_task(loss.wait())
             await asyncio.wait({stop_wait, loss_wait}, return_when=asyncio.FIRST_COMPLETED)

@@ -15,10 +15,14 @@ Public API (drop-ins for the subsets the mocker and the sidecar use):
 * `H2GrpcChannel(target, options=None)` - `unary_stream(method, request_serializer=None,
   response_deserializer=None)`, `unary_unary(...)`, `await close()`; calls iterate/await like
   grpc.aio, fail with `grpc.aio.AioRpcError`, `cancel()` then reading raises CancelledError.
+  Options: `grpc.max_receive_message_length`, and grpcio's keepalive args
+  (`grpc.keepalive_time_ms`, `grpc.keepalive_timeout_ms`, `grpc.keepalive_permit_without_calls`):
+  PINGs on a quiet connection, which is declared dead when one goes unanswered (`keepalive`).
 
 Modules: `frames` (HTTP/2 + gRPC wire encodings), `messages` (length-prefixed message
 reassembly), `metadata`, `conn` (the shared connection: batched writes, one-pass reads, flow
-control), `server`, `client`, `bench` (`python -m lab.wire.h2grpc.bench`), `framecost`.
+control), `server`, `client`, `keepalive` (the client's PINGs), `bench`
+(`python -m lab.wire.h2grpc.bench`), `framecost`.
 
 Framing: hand-written, not `h2`. `python -m lab.wire.h2grpc.framecost` (h2 4.4.1, Python 3.11,
 Intel Xeon @ 2.60GHz shared 2-core VM, best of 5, one 12-byte DATA frame per message):
@@ -38,6 +42,7 @@ touches a dynamic table.
 """
 
 from .client import H2GrpcChannel
+from .keepalive import KEEPALIVE_LOST
 from .server import H2GrpcServer
 
-__all__ = ["H2GrpcChannel", "H2GrpcServer"]
+__all__ = ["KEEPALIVE_LOST", "H2GrpcChannel", "H2GrpcServer"]

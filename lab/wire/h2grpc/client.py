@@ -5,13 +5,16 @@ Reads: `conn.data_received` parses a whole recv() in one pass; each DATA frame's
 appended to the call's deque, and the call's single waiter future exists (and is set) only while
 its consumer is actually waiting - a consumer that keeps up takes messages without any future.
 Errors surface as `grpc.aio.AioRpcError`; `call.cancel()` then iterating raises
-`asyncio.CancelledError`, as grpc.aio does.
+`asyncio.CancelledError`, as grpc.aio does. With `grpc.keepalive_time_ms` among the options the
+connection sends HTTP/2 PINGs when it goes quiet and is declared dead when one goes unanswered
+(`keepalive.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, Generic, TypeVar
@@ -21,8 +24,11 @@ import grpc.aio
 
 from . import frames as f
 from .conn import LOCAL_STREAM_WINDOW, H2Connection, Stream
+from .keepalive import Keepalive, KeepaliveSettings
 from .messages import MessageError, split_messages
 from .metadata import MetadataPairs, from_fields, to_fields
+
+log = logging.getLogger("lab.wire.h2grpc")
 
 _LOCAL_CANCEL = "Locally cancelled by application!"
 _DEFAULT_MAX_RECEIVE = 4 * 1024 * 1024
@@ -65,6 +71,27 @@ class _ClientConn(H2Connection):
         self.channel = channel
         self.next_sid = 1
         self.goaway_received = False
+        self.dead: str | None = None  # why we declared the connection dead (keepalive)
+        ka = channel._keepalive
+        self.keepalive = Keepalive(self, ka, self._declare_dead) if ka is not None else None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.keepalive is not None:
+            self.keepalive.start()
+
+    def on_ping_ack(self, payload: bytes) -> None:
+        if self.keepalive is not None:
+            self.keepalive.acked(payload)
+
+    def _declare_dead(self, reason: str) -> None:
+        """The peer stopped answering: abort (a close would wait for a write buffer that a
+        stopped peer never drains); `lost` fails every call with `reason`."""
+        log.warning("h2grpc: connection to %s declared dead: %s",
+                    self.channel._authority.decode(), reason)
+        self.dead = reason
+        if self.transport is not None:
+            self.transport.abort()
 
     @property
     def usable(self) -> bool:
@@ -165,10 +192,13 @@ class _ClientConn(H2Connection):
         return True
 
     def lost(self, exc: Exception | None) -> None:
+        if self.keepalive is not None:
+            self.keepalive.stop()
         self.channel._conn_done(self)
+        why = self.dead or exc or "closed"
         for st in list(self.streams.values()):
             assert isinstance(st, _ClientStream)
-            st.call._finish(grpc.StatusCode.UNAVAILABLE, f"Connection lost: {exc or 'closed'}")
+            st.call._finish(grpc.StatusCode.UNAVAILABLE, f"Connection lost: {why}")
         self.streams.clear()
 
     def on_sent_end(self, st: Stream) -> None:
@@ -443,6 +473,7 @@ class H2GrpcChannel:
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._authority = f"{host}:{self._port}".encode()
         self._max_receive = int(opts.get("grpc.max_receive_message_length", _DEFAULT_MAX_RECEIVE))
+        self._keepalive = KeepaliveSettings.from_options(opts)
         self._conn: _ClientConn | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._queued: list[_Call] = []

@@ -15,6 +15,8 @@ It owns what both ends need and nothing gRPC-specific:
 * **receive windows** - a connection-level WINDOW_UPDATE once half the window was consumed;
   stream-level acknowledgement is the subclass's choice (`ack_stream`).
 * PING ack, SETTINGS ack, CONTINUATION assembly, padding, max frame size, HPACK decoding.
+* a `received` flag set by every recv() (one attribute store), which the client's keepalive
+  reads to send PINGs only on a connection that has gone quiet (`client.py`, `Keepalive`).
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class H2Connection(asyncio.Protocol):
         self._paused = False
         self._transport_waiters: list[Stream] = []
         self.on_closed: asyncio.Future[None] | None = None
+        self.received = False  # set by every recv(); cleared by the keepalive that reads it
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -145,6 +148,7 @@ class H2Connection(asyncio.Protocol):
             self._wake(st)
 
     def data_received(self, data: bytes) -> None:
+        self.received = True
         if self._buf:
             data = self._buf + data
             self._buf = b""
@@ -237,6 +241,8 @@ class H2Connection(asyncio.Protocol):
         elif ftype == f.PING:
             if not flags & f.ACK:
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
+            else:
+                self.on_ping_ack(payload)
         elif ftype == f.RST_STREAM:
             st = self.streams.get(sid)
             if st is not None:
@@ -459,6 +465,9 @@ class H2Connection(asyncio.Protocol):
 
     def on_sent_end(self, st: Stream) -> None:
         """Our END_STREAM left (possibly after queued data)."""
+
+    def on_ping_ack(self, payload: bytes) -> None:
+        """The peer acknowledged one of our PINGs (RFC 9113 6.7)."""
 
     def lost(self, exc: Exception | None) -> None:
         raise NotImplementedError

@@ -1,0 +1,43 @@
+"""`python -m lab.load.bench_aiperf`: bad input is a usage error naming the option, checked
+before anything is run against the target (the benchmark itself needs the Dynamo anchor and
+AIPerf: docs/open-loop.md "Against AIPerf")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from lab.load.bench_aiperf import main
+from tests.usage_errors import assert_usage_error
+
+
+def _invoke(tmp_path: Path, *args: str) -> tuple[int | None, str]:
+    anchors = tmp_path / "anchors"
+    anchors.mkdir(exist_ok=True)
+    (anchors / "aiperf.sh").touch()
+    model = tmp_path / "anchor" / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "tokenizer.json").write_text("{}")
+    base = ["--target", "http://127.0.0.1:9", "--anchors", str(anchors), "--anchor-dir",
+            str(model.parent), "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, [*base, *args])
+    return result.exit_code, result.output
+
+
+def test_bad_rates_are_usage_errors(tmp_path: Path) -> None:
+    code, out = _invoke(tmp_path, "--rate", "0,abc")
+    assert_usage_error(code, out, "--rate")
+
+
+def test_an_anchor_dir_without_the_tokenizer_is_named(tmp_path: Path) -> None:
+    code, out = _invoke(tmp_path, "--anchor-dir", str(tmp_path / "nothing"))
+    assert_usage_error(code, out, "--anchor-dir")
+    assert "tokenizer.json" in out
+
+
+def test_a_used_out_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old").touch()
+    code, out = _invoke(tmp_path, "--rate", "10")
+    assert_usage_error(code, out, "--out")
