@@ -28,8 +28,16 @@ import pandas as pd
 from lab.analysis.metrics import level_keys
 
 BIN_NS = 1_000_000_000
+#: A level's stamps spanning more seconds than this are not on one clock (e.g. shards whose
+#: perf counters were never put on the wall clock): binning them per second would take memory
+#: without bound, so the level gets no time series and the report says why.
+MAX_LEVEL_SPAN_S = 86_400
 #: TTFT p99 within this fraction of its pre-fault level counts as recovered.
 RECOVERY_TOLERANCE = 0.10
+
+
+class TimelineError(ValueError):
+    """A level whose stamps cannot be binned per second (MAX_LEVEL_SPAN_S)."""
 
 
 def run_origin_ns(requests: pd.DataFrame) -> int:
@@ -58,6 +66,11 @@ def level_timeline(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:
         return pd.DataFrame()
     first = int((int(min(starts)) - origin_ns) // BIN_NS)
     last = int((int(max([*ends, *starts])) - origin_ns) // BIN_NS)
+    if last - first + 1 > MAX_LEVEL_SPAN_S:
+        raise TimelineError(
+            f"no time series: a level's stamps span {last - first + 1:,} s, more than "
+            f"{MAX_LEVEL_SPAN_S:,} s, so they are not on one clock (requests.parquet's "
+            "sent_ns/end_ns mix clocks)")
     edges = origin_ns + BIN_NS * np.arange(first, last + 2, dtype=np.int64)
     ok = df["ok"].astype(bool)
     end = df["end_ns"].astype("float64").fillna(df["done_ns"].astype("float64"))

@@ -18,7 +18,7 @@ from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.metrics import SLOs, by_concurrency, level_label, summarize_run
 from lab.analysis.open_loop import is_open_loop, schedule_sentence, sustained_sentence
-from lab.analysis.timeline import recovery, run_timeline
+from lab.analysis.timeline import TimelineError, recovery, run_timeline
 from lab.analysis.turns import per_turn
 from lab.report import open_loop as open_loop_report
 from lab.report import plots
@@ -39,6 +39,7 @@ class RunAnalysis:
     faults: FaultAnalysis | None = None
     tokens: TokenCheck | None = None  # requested vs server-reported tokens
     turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # per turn of a --turns run
+    timeline_note: str | None = None  # why the run has no time series, when it has none
 
 
 def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
@@ -168,7 +169,11 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     events = rundir.read_events(run_dir)
     faults = analyse_faults(requests, events) if any(
         e.get("event") == "fault" for e in events) else None
-    timeline = run_timeline(requests)
+    timeline_note = None
+    try:
+        timeline = run_timeline(requests)
+    except TimelineError as exc:
+        timeline, timeline_note = pd.DataFrame(), str(exc)
     if not timeline.empty:
         timeline.to_parquet(run_dir / rundir.TIMELINE, index=False)
     open_loop = is_open_loop(table)
@@ -224,7 +229,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         server_cpu_note=note,
         fault_md=fault_md,
         delivery=delivery_sentence(table, stream_interval_of(config)),
-        failed_lines=failed_levels(requests),
+        failed_lines=failed_levels(requests) + ([timeline_note] if timeline_note else []),
         tokens_md=tokens_markdown(tokens) if tokens is not None else None,
         open_loop_md=open_loop_report.open_loop_markdown(
             table, sweep.get("arrival"), sweep.get("max_concurrency")) if open_loop else None,
@@ -232,7 +237,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     )
     (run_dir / rundir.REPORT).write_text(report)
     return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
-                       tokens, turns)
+                       tokens, turns, timeline_note)
 
 
 def summary_lines(analysis: RunAnalysis) -> list[str]:
@@ -247,4 +252,6 @@ def summary_lines(analysis: RunAnalysis) -> list[str]:
                        f"({fnum(best['out_tok_s'], 0)} out tok/s) at {level_label(best)}")
     if is_open_loop(t):
         out += [schedule_sentence(t), sustained_sentence(t)]
+    if analysis.timeline_note:
+        out.append(analysis.timeline_note)
     return out

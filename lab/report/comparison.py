@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from lab.analysis import rundir
 from lab.analysis.compare import (
     RunData,
@@ -15,7 +17,7 @@ from lab.analysis.compare import (
     run_labels,
     table_rows,
 )
-from lab.analysis.timeline import run_timeline
+from lab.analysis.timeline import TimelineError, run_timeline
 from lab.report import compare_plots, plots
 from lab.report.build import compute_levels, knee_of
 from lab.report.markdown import md_table
@@ -69,7 +71,7 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
                                                     out_dir / "rates.png"))
         else:
             made.append(compare_plots.compare_timelines(
-                [(r.label, run_timeline(r.requests)) for r in runs if r.requests is not None],
+                [(r.label, _timeline(r.requests)) for r in runs if r.requests is not None],
                 out_dir / "timelines.png"))
         made.append(plots.compare_latency([(r.label, r.levels) for r in runs],
                                           out_dir / "latency_vs_throughput.png",
@@ -83,3 +85,12 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
     (out_dir / "compare.md").write_text("\n".join(md))
     aligned.to_csv(out_dir / "compare.csv", index=False)
     return Comparison(runs=runs, sentences=sentences, text=text, out_dir=out_dir, plots=made)
+
+
+def _timeline(requests: pd.DataFrame) -> pd.DataFrame:
+    """A run's time series, or none when its stamps are not on one clock (its own report says
+    so: lab.analysis.timeline.MAX_LEVEL_SPAN_S)."""
+    try:
+        return run_timeline(requests)
+    except TimelineError:
+        return pd.DataFrame()

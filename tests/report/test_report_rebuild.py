@@ -111,3 +111,24 @@ def test_knee_of_a_table_without_figures_is_no_knee() -> None:
 
     assert knee_of(pd.DataFrame()).knee is None
     assert knee_of(pd.DataFrame({"concurrency": [1, 2], "req_s": [None, None]})).knee is None
+
+
+def test_stamps_on_two_clocks_give_no_time_series_and_say_why(tmp_path: Path) -> None:
+    """A level whose stamps span days (two clocks mixed, as unanchored shards would be) is not
+    binned per second (that took 22 GB once): the report rebuilds and states why there is no
+    time series."""
+    run = tmp_path / "run"
+    synth_run(run, {32: 533.5})
+    path = run / "requests.parquet"
+    df = pd.read_parquet(path)
+    shift = 2 * 86_400 * 1_000_000_000  # two days, in ns
+    last = df.index[-1]
+    for col in ("scheduled_ns", "sent_ns", "first_ns", "end_ns", "done_ns"):
+        df.loc[last, col] = df.loc[last, col] + shift
+    df.at[last, "chunk_times_ns"] = [t + shift for t in df.at[last, "chunk_times_ns"]]
+    df.to_parquet(path, index=False)
+    result = CliRunner().invoke(report, [str(run), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "not on one clock" in result.output
+    assert "not on one clock" in (run / "report.md").read_text()
+    assert not (run / "timeline.parquet").exists()
