@@ -81,7 +81,7 @@ class _OpenDriver(RecordBook):
         self.indices = [int(i) for i in indices]
         self.offsets = [int(o) for o in offsets]
         self.cap = max_concurrency
-        self.finished: list[tuple[Sent, RawResponse]] = []
+        self.finished: deque[tuple[Sent, RawResponse]] = deque()
         self.idle: list[Http1Connection] = []
         self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
         self.held: deque[tuple[int, int]] = deque()
@@ -160,7 +160,7 @@ class _OpenDriver(RecordBook):
     def _parse(self, until_ns: int | None = None) -> None:
         perf = time.perf_counter_ns
         while self.finished and (until_ns is None or perf() < until_ns):
-            self.book(*self.finished.pop(0))
+            self.book(*self.finished.popleft())
 
     async def _progress_ticker(self, progress: Callable[[LevelProgress], None], t0: int) -> None:
         while True:
