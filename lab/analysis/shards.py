@@ -8,6 +8,11 @@ figures, which are differences on one clock). A shard's level of C/N slots becom
 C it is a share of, and its request i the level's request i x N + I. A rate shard (shard.json
 `mode` "rate") already records the rate level and the level's own request indices
 (`lab.load.stream_share`): its rows keep them, so the merged level is the seed's schedule.
+
+client.json (the client's own health per level) is merged from the shards' figures: CPU and
+process counts add up, the window spans the shards' (on the wall clock), the send delay is
+recomputed from the merged requests, and the event-loop lag is the worst shard's (a shard keeps
+its lag percentiles, not its samples).
 """
 
 from __future__ import annotations
@@ -21,9 +26,14 @@ import pandas as pd
 import pyarrow as pa
 
 from lab.analysis import rundir
+from lab.analysis.metrics import describe, level_key, measured
 
 SHARD_JSON = "shard.json"  # written by lab.commands.shard
 STAMP_COLUMNS = ("intended_ns", "scheduled_ns", "sent_ns", "first_ns", "end_ns", "done_ns")
+
+
+#: client.json list fields of client processes on Ray nodes: concatenated over the shards.
+_PER_PROC_LISTS = ("clock_offsets_ns", "nodes", "lost")
 
 
 class ShardError(ValueError):
@@ -36,6 +46,7 @@ class ShardRun:
     info: dict[str, Any]
     requests: pd.DataFrame
     config: dict[str, Any]
+    clients: dict[str, Any]
 
     @classmethod
     def read(cls, path: Path) -> ShardRun:
@@ -44,7 +55,8 @@ class ShardRun:
             requests = pd.read_parquet(path / rundir.REQUESTS)
         except (OSError, ValueError) as exc:
             raise ShardError(f"{path}: not a finished shard run ({exc})") from None
-        return cls(path, info, requests, rundir.read_json(path / rundir.CONFIG, {}) or {})
+        return cls(path, info, requests, rundir.read_json(path / rundir.CONFIG, {}) or {},
+                   rundir.read_json(path / rundir.CLIENT_JSON, {}) or {})
 
 
 def check_complete(shards: list[ShardRun]) -> int:
@@ -67,8 +79,7 @@ def check_complete(shards: list[ShardRun]) -> int:
 
 def on_shared_clock(shard: ShardRun, proc_stride: int) -> pd.DataFrame:
     df = shard.requests.copy()
-    anchor = shard.info["anchor"]
-    offset = int(anchor["wall_ns"]) - int(anchor["perf_counter_ns"])
+    offset = _wall_offset(shard)
     for col in STAMP_COLUMNS:
         df[col] = df[col].astype("Int64") + offset
     df["chunk_times_ns"] = [None if t is None else [int(x) + offset for x in t]
@@ -82,8 +93,69 @@ def on_shared_clock(shard: ShardRun, proc_stride: int) -> pd.DataFrame:
     return df
 
 
+def merged_key(shard: ShardRun, key: str) -> str:
+    """A shard's client.json level key ('C/R' of its C/N slots, or 'rate=X/R') in the merged
+    run: the level C it is a share of; a rate level's key is already the whole level's."""
+    level, repeat = key.split("/")
+    if shard.info.get("mode", "conc") == "conc" and not level.startswith("rate="):
+        return level_key(int(shard.info["levels"][level]), int(repeat))
+    return key
+
+
+def merge_clients(shards: list[ShardRun], requests: pd.DataFrame) -> dict[str, Any]:
+    """The merged run's client.json; `requests`: the merged requests with their derived
+    figures (`rundir.read_requests`)."""
+    parts: dict[str, list[tuple[ShardRun, dict[str, Any]]]] = {}
+    for shard in shards:
+        for key, figures in shard.clients.items():
+            parts.setdefault(merged_key(shard, key), []).append((shard, figures))
+    rated = "rate" in requests and requests["rate"].notna().any()
+    keys = [level_key(int(row.concurrency), int(row.repeat), row.rate if rated else None)
+            for row in requests[["concurrency", "rate", "repeat"]].itertuples()]
+    by_level = requests.groupby(pd.Series(keys, index=requests.index))
+    merged: dict[str, Any] = {}
+    for key, pieces in parts.items():
+        level = by_level.get_group(key) if key in by_level.groups else requests.iloc[:0]
+        started = min(h["started_ns"] + _wall_offset(s) for s, h in pieces)
+        ended = max(h["ended_ns"] + _wall_offset(s) for s, h in pieces)
+        wall_s = max((ended - started) / 1e9, 1e-9)
+        cpu_s = sum(h["cpu_s"] for _, h in pieces)
+        send = describe(measured(level)["send_delay_ms"]) if len(level) else describe([])
+        health: dict[str, Any] = {
+            "procs": sum(h["procs"] for _, h in pieces),
+            "started_ns": started,
+            "ended_ns": ended,
+            "wall_s": wall_s,
+            "cpu_s": cpu_s,
+            "cpu_pct": 100.0 * cpu_s / wall_s,
+            "cpu_pct_max_proc": _max(h.get("cpu_pct_max_proc") for _, h in pieces),
+            "cpu_ms_per_request": 1000.0 * cpu_s / len(level) if len(level) else None,
+            "send_delay_p99_ms": send["p99"],
+            "send_delay_max_ms": send["max"],
+            "loop_lag_p99_ms": _max(h.get("loop_lag_p99_ms") for _, h in pieces),
+            "loop_lag_max_ms": _max(h.get("loop_lag_max_ms") for _, h in pieces),
+        }
+        if any("clock_offsets_ns" in h for _, h in pieces):
+            for name in _PER_PROC_LISTS:
+                health[name] = [v for _, h in pieces for v in h.get(name, [])]
+            health["clock_error_ns_max"] = _max(h.get("clock_error_ns_max") for _, h in pieces)
+        merged[key] = health
+    return merged
+
+
+def _wall_offset(shard: ShardRun) -> int:
+    """A shard's perf_counter stamp + this = its wall-clock time (shard.json's anchor)."""
+    anchor = shard.info["anchor"]
+    return int(anchor["wall_ns"]) - int(anchor["perf_counter_ns"])
+
+
+def _max(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
 def merge(dirs: list[Path], out: Path) -> int:
-    """Write out/requests.parquet and out/config.json from the shards; returns N."""
+    """Write out/requests.parquet, client.json and config.json from the shards; returns N."""
     shards = [ShardRun.read(Path(d)) for d in dirs]
     count = check_complete(shards)
     shards.sort(key=lambda s: s.info["index"])
@@ -106,5 +178,6 @@ def merge(dirs: list[Path], out: Path) -> int:
         sweep["concurrency"] = sorted({int(v) for s in shards for v in s.info["levels"].values()})
         config["sweep"] = sweep
     config["shards"] = [{"path": str(s.path), **s.info} for s in shards]
+    rundir.write_json(out / rundir.CLIENT_JSON, merge_clients(shards, rundir.read_requests(out)))
     rundir.write_json(out / rundir.CONFIG, config)
     return count

@@ -154,3 +154,14 @@ async def test_merged_shards_are_one_client(mode: str, spawn: Callable[..., Proc
         # the shards' start skew)
         assert _close(la["schedule_req_s"], lb["schedule_req_s"])
     np.testing.assert_array_equal(np.sort(b["client_proc"].unique()).size, SHARDS)
+    # the client's own health: one level, all the shards' processes and CPU, its send delay
+    # from the merged requests
+    shard_clients = [json.loads((d / "client.json").read_text()) for d in dirs]
+    (key,) = json.loads((one / "client.json").read_text())
+    (health,) = json.loads((merged / "client.json").read_text()).items()
+    assert health[0] == key
+    assert health[1]["procs"] == SHARDS
+    assert health[1]["cpu_s"] == pytest.approx(sum(v["cpu_s"] for c in shard_clients
+                                                   for v in c.values()))
+    assert health[1]["send_delay_p99_ms"] is not None
+    assert health[1]["cpu_ms_per_request"] == pytest.approx(1000 * health[1]["cpu_s"] / REQUESTS)
