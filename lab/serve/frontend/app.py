@@ -18,6 +18,7 @@ import socket
 import time
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -109,6 +110,17 @@ def _is_json_type(media_type: str) -> bool:
     )
 
 
+#: A request body at least this large is parsed (its prompt tokenized) in a worker thread when
+#: the tokenizer releases the GIL (`Tokenizer.releases_gil`): the event loop keeps writing the
+#: other streams' tokens meanwhile, and a second core can tokenize. Below it the thread hop
+#: (~0.1 ms) costs more than the encode (a 2 KB text is ~450 tokens, ~0.6 ms with the HF
+#: tokenizer; docs/fidelity.md "The lab path's per-prompt-token cost").
+OFFLOAD_BODY_BYTES = 2048
+#: Threads of that pool: the encodes run in Rust without the GIL, so more than the cores the
+#: frontend may use would only queue.
+TOKENIZE_THREADS = 2
+
+
 def _error(exc: ApiError) -> web.Response:
     resp = web.Response(body=exc.json_bytes(), status=exc.status, content_type="application/json")
     if exc.status in _CLOSE_AFTER:
@@ -131,6 +143,13 @@ class FrontendApp:
         self.tokenizer = tokenizer
         self.metrics = metrics or FrontendMetrics()
         self.started = int(time.time())
+        self._pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Join the tokenizing threads (the server calls it once the listener is down)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
@@ -246,7 +265,8 @@ class FrontendApp:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
 
-    async def _read_json(self, request: web.Request) -> Any:
+    async def _read_json(self, request: web.Request) -> tuple[Any, int]:
+        """The parsed body and its size in bytes (decompressed)."""
         content_type = request.headers.get("Content-Type")
         if content_type is not None and not _is_json_type(request.content_type):
             raise ApiError(
@@ -293,9 +313,18 @@ class FrontendApp:
         if encoding and encoding != "identity":
             raw = _decompress(raw, encoding, limit)
         try:
-            return orjson.loads(raw)
+            return orjson.loads(raw), len(raw)
         except orjson.JSONDecodeError as exc:
             raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+
+    async def _parse_off_loop(self, body: Any, size: int, endpoint: str) -> GenRequest:
+        """`_parse`, in the tokenizing pool for a large body (OFFLOAD_BODY_BYTES)."""
+        if size < OFFLOAD_BODY_BYTES or not self.tokenizer.releases_gil:
+            return self._parse(body, endpoint)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="tokenize")
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._parse, body, endpoint)
 
     def _parse(self, body: Any, endpoint: str) -> GenRequest:
         context = self.workers.context_length()
@@ -319,7 +348,8 @@ class FrontendApp:
         req: GenRequest | None = None
         try:
             try:
-                req = self._parse(await self._read_json(request), endpoint)
+                body, size = await self._read_json(request)
+                req = await self._parse_off_loop(body, size, endpoint)
             except ApiError as exc:
                 trace.status = exc.status
                 return _error(exc)

@@ -145,6 +145,7 @@ class FrontendServer:
                     for task in loops:
                         task.cancel()
         finally:
+            self.app.close()
             await self.workers.close()
             await self.registry.close()
 
