@@ -6,6 +6,11 @@ Launches a lab stack (the HuggingFace tokenizer given, an engine of fixed timing
 /proc/PID/task/*/schedstat, so the figure holds on a loaded machine better than wall clock)
 and its slope per prompt token between the smallest and the largest ISL, plus the client's
 TTFT p50. docs/fidelity.md "The lab path's per-prompt-token cost" has the figures.
+
+With `--burst N` it sends instead 4 waves of N prompts of the first ISL at once (OSL 128),
+each when the last ended, and prints each wave's TTFTs sorted: the steps are the engine's
+passes (docs/fidelity.md "TTFT at c=32: waves, and the pass a wave misses"); `--engine-args`
+sets the engine (e.g. '{"engine_type": "vllm"}', Dynamo's).
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ def _cpu(pids: dict[str, psutil.Process]) -> dict[str, float]:
     return out
 
 
-async def _one(session: aiohttp.ClientSession, url: str, model: str, text: str) -> float:
-    body = {"model": model, "prompt": text, "max_tokens": OSL, "min_tokens": OSL,
+async def _one(session: aiohttp.ClientSession, url: str, model: str, text: str,
+               osl: int = OSL) -> float:
+    body = {"model": model, "prompt": text, "max_tokens": osl, "min_tokens": osl,
             "ignore_eos": True, "stream": True}
     t0 = time.perf_counter()
     ttft = -1.0
@@ -59,6 +65,21 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, text: str) 
             if ttft < 0 and line.startswith(b"data: {"):
                 ttft = (time.perf_counter() - t0) * 1000.0
     return ttft
+
+
+async def burst(tokenizer: str, isl: int, n: int, engine_args: str) -> None:
+    tok = load_hf(tokenizer)
+    spec = lab_spec(speedup=1.0, tokenizer=tokenizer, name="burst", engine_args=engine_args)
+    with tempfile.TemporaryDirectory(prefix="prompt-burst-") as tmp:
+        async with (Stack(spec, Path(tmp) / "stack") as stack,
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session):
+            for wave in range(4):
+                rng = random.Random(f"prompt-burst/{wave}")
+                texts = [exact_text(tok, isl, rng) for _ in range(n)]
+                ttfts = sorted(await asyncio.gather(*[
+                    _one(session, stack.frontend_url, stack.model, t, 128) for t in texts]))
+                print(f"wave {wave}: TTFT p50 {statistics.median(ttfts):.1f} ms, sorted "
+                      + " ".join(f"{x:.0f}" for x in ttfts), flush=True)
 
 
 async def run(tokenizer: str, isls: list[int], n: int) -> list[dict]:
@@ -89,8 +110,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", required=True, help="a HuggingFace tokenizer dir/file")
     ap.add_argument("--isl", default="64,1024,4096", help="comma-separated prompt lengths")
     ap.add_argument("--requests", type=int, default=40, help="measured requests per ISL")
+    ap.add_argument("--burst", type=int, default=0, help="waves of this many prompts at once")
+    ap.add_argument("--engine-args", default=json.dumps({"engine_type": "vllm"}),
+                    help="the engine of --burst (JSON)")
     a = ap.parse_args(argv)
     isls = [int(x) for x in a.isl.split(",")]
+    if a.burst:
+        asyncio.run(burst(a.tokenizer, isls[0], a.burst, a.engine_args))
+        return
     rows = asyncio.run(run(a.tokenizer, isls, a.requests))
     names = [k for k in rows[0] if k not in ("isl", "ttft_ms_p50")]
     print("ISL    TTFT p50 ms  " + "  ".join(f"{k} CPU ms/req" for k in names))
