@@ -1,10 +1,11 @@
 """A Ray node's agent: the actor that runs that node's share of the topology (`--ray`).
 
 The agent is a Ray async actor (`launch.ray_fleet` creates one per node that runs something,
-pinned to it, with all of that node's processes; `launch.ray_nodes` says which). Inside it runs the launcher's own
-`Supervisor` on the processes placed there, and a `Sampler` on them: the same spawn (own process
-group, log file, `lab.shared.pdeath`), ready lines, readiness probes, restart policies, backoff
-and faults as a local run. The processes are the actor's children: its event-loop thread spawns
+pinned to it, with all of that node's processes; `launch.ray_nodes` says which). Inside it runs
+the launcher's own `Supervisor` on the processes placed there, and a `Sampler` on them: the
+same spawn (own process group, log file, `lab.shared.pdeath`), ready lines, readiness probes,
+restart policies, backoff and faults as a local run. The processes are the actor's children: its
+event-loop thread spawns
 them, so when the actor's process dies (ray.kill, its node lost, its driver gone) the kernel
 signals them.
 
@@ -67,7 +68,8 @@ class NodeAgent:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(),
-                "address": self.address, "ray_node_ip": ray.util.get_node_ip_address(), "host": socket.gethostname(),
+                "address": self.address, "ray_node_ip": ray.util.get_node_ip_address(),
+                "host": socket.gethostname(),
                 "pid": os.getpid(), "agent": self.agent}
 
     async def start(self) -> dict[str, Any]:

@@ -6,7 +6,8 @@ match every label (`value`, or Ray's label-selector forms `!value`, `in(a,b)`, `
 Each fleet's engines go round-robin over the nodes its selector matches (in the nodes' order:
 address, then node id), each engine's sidecar with it; fleets whose selectors match the same
 nodes continue one rotation, so two one-engine fleets on two such nodes get one node each; the
-frontend takes the next turn of its selector's rotation. Then each node runs ONE agent with all of that node's processes (launch.ray_fleet).
+frontend takes the next turn of its selector's rotation. Then each node runs ONE agent with all
+of that node's processes (launch.ray_fleet).
 
 A place no live node satisfies is an error naming the fleet and the selector, raised before
 anything starts. The nodes are read once, when the run starts: a node that joins later is not

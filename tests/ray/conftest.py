@@ -1,8 +1,8 @@
 """One real multi-node Ray cluster for the Ray tests (`ray.cluster_utils.Cluster`): a head and two
 workers on this machine, one CPU each, each with its own custom resource (`node0`..`node2`), its
-own label (`lab-node` = "0".."2") and one unit of `lab_client` (the workers also `lab_pair`), so a STRICT_SPREAD client puts
-one actor on each. Torn down at the end of the session, also when the run is interrupted (pytest
-runs fixture finalizers on Ctrl-C)."""
+own label (`lab-node` = "0".."2") and one unit of `lab_client` (the workers also `lab_pair`),
+so a STRICT_SPREAD client puts one actor on each. Torn down at the end of the session, also
+when the run is interrupted (pytest runs fixture finalizers on Ctrl-C)."""
 
 from __future__ import annotations
 
