@@ -5,9 +5,8 @@ pinned to it, with all of that node's processes; `launch.ray_nodes` says which).
 the launcher's own `Supervisor` on the processes placed there, and a `Sampler` on them: the
 same spawn (own process group, log file, `lab.shared.pdeath`), ready lines, readiness probes,
 restart policies, backoff and faults as a local run. The processes are the actor's children: its
-event-loop thread spawns
-them, so when the actor's process dies (ray.kill, its node lost, its driver gone) the kernel
-signals them.
+event-loop thread spawns them, so when the actor's process dies (ray.kill, its node lost, its
+driver gone) the kernel signals them.
 
 The driver talks to it through four calls: `start` (spawn and wait for readiness), `poll` (the
 processes' views, the events and CPU/RSS samples since the last poll), `fault` and `stop`. Each
