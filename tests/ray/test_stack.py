@@ -160,7 +160,7 @@ def test_sweep_through_the_stack_placed_over_three_nodes(
     assert wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
 
 
-def test_lab_fault_kill_and_freeze_on_ray_nodes(
+def test_lab_fault_kill_freeze_and_an_agent_lost_on_ray_nodes(
         ray_cluster: RayCluster, topology: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     try:
@@ -206,7 +206,10 @@ def test_lab_fault_kill_and_freeze_on_ray_nodes(
         assert bad.returncode == 2 and "engine-7" in bad.stderr
         notengine = lab("fault", str(run), "--process", "frontend", "--kind", "freeze")
         assert notengine.returncode == 1 and "engines" in notengine.stderr
-        state = json.loads((run / "state.json").read_text())
+
+        # the agent of node 2 killed: its processes die with it, the run goes on without them
+        lost_agent = agents[2]
+        kill_agent(run, state, lost_agent)
     finally:
         down = lab("down", str(run))
     assert down.returncode == 0, down.stderr
@@ -214,7 +217,9 @@ def test_lab_fault_kill_and_freeze_on_ray_nodes(
     assert final["state"] == "stopped"
     # the supervisor tore down and returned (Ray's own SIGTERM handler would have exited it)
     assert "[lab up] stopped; run dir" in (run / "supervisor.log").read_text()
-    assert all(p["state"] == "stopped" for p in final["processes"]), final["processes"]
+    lost_names = set(lost_agent["processes"])
+    assert all(p["state"] == ("exited" if p["name"] in lost_names else "stopped")
+               for p in final["processes"]), final["processes"]
     # nothing of the run is left: its processes (every incarnation) and the agents
     wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
     assert not [a for a in final["ray"]["agents"] if alive(a["pid"])]
@@ -223,42 +228,32 @@ def test_lab_fault_kill_and_freeze_on_ray_nodes(
     exits = [e for e in read_events(run / "events.jsonl")
              if e["event"] == "exit" and e["name"] == "sidecar-prefill-0"]
     assert exits[0]["code"] == -9 and node_index(ray_cluster, exits[0]["node"]) == 1
-
-
-def test_an_agent_killed_takes_its_processes(
-        ray_cluster: RayCluster, topology: Path, tmp_path: Path) -> None:
-    """The processes are the actor's children: SIGKILL node 2's agent and its decode engine
-    and sidecar die with it (lab.shared.pdeath); the run records the loss and stops cleanly."""
-    run = tmp_path / "run"
-    try:
-        state = up_placed(ray_cluster, topology, run)
-        agent = assert_placed(ray_cluster, state)[2]
-        lost_engine = next(n for n in agent["processes"] if n.startswith("engine-"))
-        children = [(p["pid"], p["create_time"]) for p in state["processes"]
-                    if p["name"] in agent["processes"]]
-        assert len(children) == 2
-        psutil.Process(agent["pid"]).kill()
-        wait_until(lambda: not any(alive(*c) for c in children), "the agent's children gone", 30)
-
-        def recorded() -> dict | None:
-            now = json.loads((run / "state.json").read_text())
-            lost = next(a for a in now["ray"]["agents"]
-                        if a["agent"] == agent["agent"])["lost"]
-            return now if lost else None
-
-        now = wait_until(recorded, "the lost agent in state.json", 30)
-        states = {p["name"]: p["state"] for p in now["processes"]}
-        assert {n for n, st in states.items() if st == "exited"} == set(agent["processes"])
-        assert states["engine-prefill-0"] == "ready"
-        fault = lab("fault", str(run), "--process", lost_engine, "--kind", "kill")
-        assert fault.returncode == 1 and "lost" in fault.stderr, fault.stderr
-    finally:
-        down = lab("down", str(run))
-    assert down.returncode == 0, down.stderr
-    wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
     lost = [e for e in read_events(run / "events.jsonl")
-            if e["event"] == "exit" and e["name"] == agent["agent"] and e.get("reason")]
+            if e["event"] == "exit" and e["name"] == lost_agent["agent"] and e.get("reason")]
     assert lost and "lost" in lost[0]["reason"]
+
+
+def kill_agent(run: Path, state: dict[str, Any], agent: dict[str, Any]) -> None:
+    """The processes are the actor's children: SIGKILL an agent and its processes die with it
+    (lab.shared.pdeath); the run records the loss, and a fault on them is refused naming it."""
+    lost_engine = next(n for n in agent["processes"] if n.startswith("engine-"))
+    children = [(p["pid"], p["create_time"]) for p in state["processes"]
+                if p["name"] in agent["processes"]]
+    assert len(children) == 2
+    psutil.Process(agent["pid"]).kill()
+    wait_until(lambda: not any(alive(*c) for c in children), "the agent's children gone", 30)
+
+    def recorded() -> dict | None:
+        now = json.loads((run / "state.json").read_text())
+        lost = next(a for a in now["ray"]["agents"] if a["agent"] == agent["agent"])["lost"]
+        return now if lost else None
+
+    now = wait_until(recorded, "the lost agent in state.json", 30)
+    states = {p["name"]: p["state"] for p in now["processes"]}
+    assert {n for n, st in states.items() if st == "exited"} == set(agent["processes"])
+    assert states["engine-prefill-0"] == "ready"
+    fault = lab("fault", str(run), "--process", lost_engine, "--kind", "kill")
+    assert fault.returncode == 1 and "lost" in fault.stderr, fault.stderr
 
 
 def test_placement_needs_ray(topology: Path, tmp_path: Path) -> None:
