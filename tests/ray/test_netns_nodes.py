@@ -24,16 +24,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
 import psutil
 import pytest
 
 from lab.analysis.rundir import read_requests
 from launch import netns
-from launch.events import read_events
 from tests.ray.conftest import CLIENT_RESOURCE, PAIR_RESOURCE
 from tests.ray.test_client import lab
-from tests.ray.test_stack import TOPOLOGY, of_run, wait_until
+from tests.ray.test_stack import TOPOLOGY, assert_agents_recorded, wait_until
 
 ok, why = netns.available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"network namespaces unavailable: {why}")
@@ -157,15 +155,6 @@ def test_sweep_on_nodes_in_namespaces(netns_cluster: NetnsCluster, tmp_path: Pat
     assert state["frontend_url"].startswith(f"http://{netns_cluster.lab.gateway}:")
     # etcd, on the bridge: the sidecars in the namespaces reached it
     assert state["discovery"].startswith(f"etcd://{netns_cluster.lab.gateway}:")
-    # as test_stack.py's sweep (skipped where this runs): the agents' events in the run's
-    # events.jsonl, each with its node; their CPU samples in procs.parquet, each once
+    # as test_stack.py's sweep (skipped where this runs)
     assert "ray agent ray-" in out.stderr
-    node_ids = {p["name"]: p["node"] for p in state["processes"]}
-    ready = {e["name"]: e.get("node") for e in read_events(run / "events.jsonl")
-             if e["event"] == "ready" and e["name"] in node_ids}
-    assert ready == node_ids
-    procs = pd.read_parquet(run / "procs.parquet")
-    assert set(procs["name"]) == set(node_ids), set(procs["name"])
-    assert not procs.duplicated(["name", "t_ns"]).any()
-    assert pd.read_csv(run / "levels.csv")["server_cpu_ms_per_req"].iloc[0] > 0
-    assert wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
+    assert_agents_recorded(run, state)

@@ -143,18 +143,21 @@ def test_sweep_through_the_stack_placed_over_three_nodes(
     state = json.loads((run / "state.json").read_text())
     agents = assert_placed(ray_cluster, state)
     assert f"ray agent {agents[1]['agent']}: node" in out.stderr
-    # the agents' events are in the run's events.jsonl, each with its node
-    where = nodes_of(ray_cluster, state)
-    events = read_events(run / "events.jsonl")
-    ready = {e["name"]: node_index(ray_cluster, e.get("node")) for e in events
-             if e["event"] == "ready" and e["name"] in where}
-    assert ready == where
-    # the agents' CPU samples are in procs.parquet, and the level's server CPU from them
+    assert_agents_recorded(run, state)
+
+
+def assert_agents_recorded(run: Path, state: dict[str, Any]) -> None:
+    """The agents' events in the run's events.jsonl, each with its node; their CPU samples in
+    procs.parquet, each once, on the driver's clock, and the level's server CPU from them;
+    nothing of the run left afterwards."""
     import pandas as pd
 
+    node_ids = {p["name"]: p["node"] for p in state["processes"]}
+    ready = {e["name"]: e.get("node") for e in read_events(run / "events.jsonl")
+             if e["event"] == "ready" and e["name"] in node_ids}
+    assert ready == node_ids
     procs = pd.read_parquet(run / "procs.parquet")
-    assert set(procs["name"]) == set(where), set(procs["name"])
-    # each sample once (from its agent), on the driver's clock
+    assert set(procs["name"]) == set(node_ids), set(procs["name"])
     assert not procs.duplicated(["name", "t_ns"]).any()
     assert pd.read_csv(run / "levels.csv")["server_cpu_ms_per_req"].iloc[0] > 0
     assert wait_until(lambda: not of_run(run), "the run's processes to be gone", 30)
