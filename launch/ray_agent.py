@@ -1,12 +1,12 @@
 """A Ray node's agent: the actor that runs that node's share of the topology (`--ray`).
 
-The agent is a Ray async actor (`launch.ray_fleet` creates one per place of the topology,
-`ray_resource` and `ray_labels`, on a node that has them). Inside it runs the launcher's own
-`Supervisor` on the processes placed there, and a `Sampler` on them: the same spawn (own process
-group, log file, `lab.shared.pdeath`), ready lines, readiness probes, restart policies, backoff
-and faults as a local run. The processes are the actor's children: its event-loop thread spawns
-them, so when the actor's process dies (ray.kill, its node lost, its driver gone) the kernel
-signals them.
+The agent is a Ray async actor (`launch.ray_fleet` creates one per node that runs something,
+pinned to it, with all of that node's processes; `launch.ray_nodes` says which). Inside it runs
+the launcher's own `Supervisor` on the processes placed there, and a `Sampler` on them: the
+same spawn (own process group, log file, `lab.shared.pdeath`), ready lines, readiness probes,
+restart policies, backoff and faults as a local run. The processes are the actor's children: its
+event-loop thread spawns them, so when the actor's process dies (ray.kill, its node lost, its
+driver gone) the kernel signals them.
 
 The driver talks to it through four calls: `start` (spawn and wait for readiness), `poll` (the
 processes' views, the events and CPU/RSS samples since the last poll), `fault` and `stop`. Each
@@ -43,13 +43,16 @@ class NodeAgent:
     """One Ray node's processes of a run (a Ray async actor; see the module docstring)."""
 
     def __init__(self, spec: dict[str, Any], run_dir: str, discovery: str, names: list[str],
-                 agent: str, sample_interval_s: float) -> None:
+                 agent: str, sample_interval_s: float, address: str) -> None:
         self.spec = TopologySpec.from_dict(spec)
         self.run_dir = Path(run_dir)
         self.discovery = discovery
         self.names = set(names)
         self.agent = agent
         self.sample_interval_s = sample_interval_s
+        #: the node's address (its NodeManagerAddress): every process here binds and
+        #: advertises it, so the other nodes reach them
+        self.address = address
         self.supervisor: Supervisor | None = None
         self.sampler: Sampler | None = None
         self._events: list[dict[str, Any]] = []
@@ -64,7 +67,8 @@ class NodeAgent:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(),
-                "address": ray.util.get_node_ip_address(), "host": socket.gethostname(),
+                "address": self.address, "ray_node_ip": ray.util.get_node_ip_address(),
+                "host": socket.gethostname(),
                 "pid": os.getpid(), "agent": self.agent}
 
     async def start(self) -> dict[str, Any]:

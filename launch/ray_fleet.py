@@ -1,12 +1,15 @@
 """The processes a topology places on Ray nodes (`lab up --ray`, `lab sweep --ray`; docs/ray.md).
 
-Each distinct place of the topology (a fleet's `ray_resource` and `ray_labels`, or the
-frontend's `frontend_ray_resource` and `frontend_ray_labels`: a `launch.topology.RayPlace`) gets
-one agent, a `launch.ray_agent.NodeAgent` actor that asks for a small share of that custom
-resource (and no CPU) and those labels (a label selector), so Ray schedules it on a node that
-has them. The agent supervises the processes placed there as its children; Ray places and keeps
-the actors, and when one dies its processes die with it. This module is the driver's side:
+The places of the topology (a fleet's `ray_resource` and `ray_labels`, or the frontend's
+`frontend_ray_resource` and `frontend_ray_labels`: a `launch.topology.RayPlace`) are resolved to
+the live nodes that satisfy them when the driver connects (`launch.ray_nodes.assign`: a fleet's
+engines round-robin over its nodes; a place no node satisfies is an error before anything
+starts). Each node that runs something gets ONE agent, a `launch.ray_agent.NodeAgent` actor
+pinned to it (NodeAffinitySchedulingStrategy, soft=False; no CPU) with all of that node's
+processes, which bind and advertise the node's address. The agent supervises them as its
+children; when it dies its processes die with it. This module is the driver's side:
 
+- `connect`: join the cluster and resolve the places to nodes (LaunchError naming the fleet).
 - `start`: create the agents, measure each one's clock offset (NTP-style, min RTT), start them
   all at once and wait for their processes' readiness (a LaunchError names the first that is
   not ready, with its log tail, as locally).
@@ -35,10 +38,9 @@ from lab.shared.ray_connect import ClockOffset, RayConnectError, connect, measur
 from launch.errors import LaunchError
 from launch.events import EventLog
 from launch.process import ProcessView
-from launch.topology import RayPlace, TopologySpec
+from launch.ray_nodes import NoNodeError, RayNode, assign, by_node, live_nodes
+from launch.topology import TopologySpec
 
-#: The share of its custom resource an agent asks for: room for others that ask for it too.
-AGENT_RESOURCE_UNITS = 0.001
 #: Seconds between two polls of the agents.
 POLL_S = 0.5
 #: Clock pings per agent at start (the one with the smallest round trip gives the offset).
@@ -49,7 +51,7 @@ _STAMPS = ("t_ns",)
 
 @dataclass
 class _Agent:
-    place: RayPlace
+    node: RayNode
     names: list[str]
     actor: Any = None
     where: dict[str, Any] = field(default_factory=dict)
@@ -59,16 +61,16 @@ class _Agent:
 
     @property
     def name(self) -> str:
-        return self.place.agent
+        """`ray-` and the node id's first 12 hex digits (as `lab ps` shows the node)."""
+        return f"ray-{self.node.node_id[:12]}"
 
     def options(self) -> dict[str, Any]:
-        """The actor's options: its place's resource (a small share) and labels, no CPU."""
-        opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 64}
-        if self.place.resource is not None:
-            opts["resources"] = {self.place.resource: AGENT_RESOURCE_UNITS}
-        if self.place.labels:
-            opts["label_selector"] = dict(self.place.labels)
-        return opts
+        """The actor's options: pinned to its node (not soft: nowhere else), no CPU."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return {"num_cpus": 0, "max_concurrency": 64,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(self.node.node_id,
+                                                                      soft=False)}
 
     async def ping(self) -> int:
         return int(await self.actor.clock.remote())
@@ -92,27 +94,31 @@ class RayFleet:
         self.sample_interval_s = sample_interval_s
         self.on_samples = on_samples
         self.on_change = on_change
-        by_place: dict[RayPlace, list[str]] = {}
-        for name, place in spec.ray_placement().items():
-            by_place.setdefault(place, []).append(name)
-        self.agents = [_Agent(p, names) for p, names in by_place.items()]
+        self._placed = set(spec.ray_placement())
+        self.agents: list[_Agent] = []  # one per node, once connected
         self._connected = False
         self._poller: asyncio.Task | None = None
 
     @property
     def names(self) -> set[str]:
-        return {n for a in self.agents for n in a.names}
+        return set(self._placed)
 
     # -- connecting -----------------------------------------------------------------------------
 
     def connect(self) -> str:
-        """Join the cluster (blocking); this machine's address on it. LaunchError("ray", why)."""
+        """Join the cluster and resolve the places to its live nodes (blocking); this machine's
+        address on it. LaunchError("ray", why), or naming the fleet no node can take."""
         try:
             self._connected = connect(self.address)
         except RayConnectError as exc:
             raise LaunchError("ray", str(exc)) from None
         import ray
 
+        try:
+            assigned = assign(self.spec, live_nodes())
+        except NoNodeError as exc:
+            raise LaunchError(exc.who, str(exc)) from None
+        self.agents = [_Agent(node, names) for node, names in by_node(assigned).items()]
         return str(ray.util.get_node_ip_address())
 
     # -- start ----------------------------------------------------------------------------------
@@ -127,22 +133,20 @@ class RayFleet:
         for agent in self.agents:
             agent.actor = remote_cls.options(**agent.options()).remote(
                 spec, str(self.run_dir.resolve()), discovery, agent.names, agent.name,
-                self.sample_interval_s)
+                self.sample_interval_s, agent.node.address)
         timeout = self.spec.ready_timeout_s
         for agent in self.agents:
             try:
                 agent.where = await asyncio.wait_for(agent.actor.where.remote(), timeout)
             except TimeoutError:
-                raise LaunchError(agent.name, f"no Ray node with {agent.place.describe()} took "
-                                  f"its agent within {timeout:g} s (`ray start --resources` / "
-                                  "`--labels` on the node meant for it)") from None
+                raise LaunchError(agent.name, f"Ray node {agent.node.describe()} did not start "
+                                  f"its agent within {timeout:g} s") from None
             except ray.exceptions.RayError as exc:
                 raise LaunchError(agent.name, f"its agent did not start: {exc}") from None
             agent.clock = await measure_offset(agent.ping, CLOCK_PINGS)
             self.events.emit("start", agent.name, agent.where.get("pid"), role="ray-agent",
                              node=agent.where.get("node_id"), address=agent.where.get("address"),
-                             resource=agent.place.resource,
-                             labels=dict(agent.place.labels), processes=agent.names,
+                             processes=agent.names,
                              clock_offset_ns=agent.clock.offset_ns,
                              clock_error_ns=agent.clock.error_ns)
         results = await asyncio.gather(*(a.actor.start.remote() for a in self.agents))
@@ -165,8 +169,8 @@ class RayFleet:
         return next((v.address for v in self.views() if v.role == "frontend"), None)
 
     def describe(self) -> list[dict[str, Any]]:
-        """For state.json: each agent's resource, node, pid, processes and clock."""
-        return [{"agent": a.name, "resource": a.place.resource, "labels": dict(a.place.labels),
+        """For state.json: each agent's node (id, address), pid, processes and clock."""
+        return [{"agent": a.name, "node_id": a.node.node_id, "address": a.node.address,
                  "processes": a.names, **a.where,
                  "clock_offset_ns": a.clock.offset_ns if a.clock else None,
                  "clock_error_ns": a.clock.error_ns if a.clock else None, "lost": a.lost}

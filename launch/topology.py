@@ -98,7 +98,7 @@ DEFAULT_NAME = "lab"
 @dataclass(frozen=True)
 class RayPlace:
     """Where on a Ray cluster: a node advertising `resource` (if any) and carrying `labels`
-    (if any). One agent per place (launch.ray_fleet)."""
+    (if any): a selector, which launch.ray_nodes resolves to the live nodes that satisfy it."""
 
     resource: str | None
     labels: tuple[tuple[str, str], ...] = ()

@@ -1,8 +1,8 @@
 """One real multi-node Ray cluster for the Ray tests (`ray.cluster_utils.Cluster`): a head and two
 workers on this machine, one CPU each, each with its own custom resource (`node0`..`node2`), its
-own label (`lab-node` = "0".."2") and one unit of `lab_client`, so a STRICT_SPREAD client puts
-one actor on each. Torn down at the end of the session, also when the run is interrupted (pytest
-runs fixture finalizers on Ctrl-C)."""
+own label (`lab-node` = "0".."2") and one unit of `lab_client` (the workers also `lab_pair`),
+so a STRICT_SPREAD client puts one actor on each. Torn down at the end of the session, also
+when the run is interrupted (pytest runs fixture finalizers on Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,13 @@ CLIENT_RESOURCE = "lab_client"
 NODE_LABEL = "lab-node"
 
 
+#: A custom resource the two workers (nodes 1 and 2) have: a fleet placed by it spreads over them.
+PAIR_RESOURCE = "lab_pair"
+
+
 def node_args(k: int) -> dict[str, Any]:
-    return {"num_cpus": 1, "resources": {f"node{k}": 1, CLIENT_RESOURCE: 1},
+    pair = {PAIR_RESOURCE: 1} if k > 0 else {}
+    return {"num_cpus": 1, "resources": {f"node{k}": 1, CLIENT_RESOURCE: 1, **pair},
             "labels": {NODE_LABEL: str(k)},
             "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024}
 

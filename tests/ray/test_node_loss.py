@@ -19,7 +19,7 @@ from tests.ray.conftest import RayCluster
 from tests.ray.test_client import lab_argv, ray_args
 
 CONC = 6
-REQUESTS = 300
+REQUESTS = 150
 
 
 def finished(url: str) -> int:
