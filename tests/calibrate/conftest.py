@@ -27,9 +27,16 @@ def true_engine_args(tmp_path: Path) -> Path:
     return write_true_engine(tmp_path / "true")
 
 
+#: the target's sidecar without the serving grace after withdrawal (5 s by default): the
+#: target's frontend stops first at `lab down`, so the grace would only delay each teardown
+TARGET_TOPOLOGY = 'extra_sidecar_args = ["--grace-period", "0"]\n'
+
+
 def _stack(stack: Path, engine_args: Path) -> Iterator[str]:
-    up = lab("up", "--detach", "--engine-args", str(engine_args), "--speedup", "1",
-             "--out", str(stack))
+    topology = stack.with_name("target-topology.toml")
+    topology.write_text(TARGET_TOPOLOGY)
+    up = lab("up", "--detach", "--topology", str(topology), "--engine-args", str(engine_args),
+             "--speedup", "1", "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield next(w for w in up.stdout.split() if w.startswith("http://"))
