@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.calibrate.curves import write_true_engine
+from tests.no_grace import no_grace_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -27,16 +28,9 @@ def true_engine_args(tmp_path: Path) -> Path:
     return write_true_engine(tmp_path / "true")
 
 
-#: the target's sidecar without the serving grace after withdrawal (5 s by default): the
-#: target's frontend stops first at `lab down`, so the grace would only delay each teardown
-TARGET_TOPOLOGY = 'extra_sidecar_args = ["--grace-period", "0"]\n'
-
-
 def _stack(stack: Path, engine_args: Path) -> Iterator[str]:
-    topology = stack.with_name("target-topology.toml")
-    topology.write_text(TARGET_TOPOLOGY)
-    up = lab("up", "--detach", "--topology", str(topology), "--engine-args", str(engine_args),
-             "--speedup", "1", "--out", str(stack))
+    up = lab("up", "--detach", *no_grace_topology(stack.parent), "--engine-args",
+             str(engine_args), "--speedup", "1", "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield next(w for w in up.stdout.split() if w.startswith("http://"))
