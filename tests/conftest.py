@@ -42,9 +42,5 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
         return proc
 
     yield _spawn
-    # every group is told at once, then reaped: processes with a slow graceful exit (Dynamo's
-    # frontend and sidecars take seconds each) wind down side by side, not one after another
     for proc in reversed(procs):
-        proc.terminate()
-    for proc in reversed(procs):
-        proc.reap()
+        proc.stop()

@@ -61,18 +61,10 @@ class Proc:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the group, then SIGKILL what is left; returns the exit code."""
-        self.terminate()
-        return self.reap(timeout)
-
-    def terminate(self) -> None:
-        """SIGTERM the group (`reap` waits for it)."""
         try:
             os.killpg(self.popen.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-
-    def reap(self, timeout: float = 10.0) -> int | None:
-        """After `terminate`: wait up to `timeout`, SIGKILL the group; returns the exit code."""
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
