@@ -68,9 +68,10 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
     proc = lab("calibrate", "--target", true_target, *PROBES, "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the lab-path stack is private (nothing else routes to it): its sidecar stops without
-    # the serving grace after withdrawal (lab.commands.lab_stack.PRIVATE_SIDECAR_GRACE_S)
+    # the serving grace after withdrawal (lab.commands.lab_stack.PRIVATE_SIDECAR_GRACE_S); with
+    # the grace it outlives the frontend (which exits in well under a second) by about 4.5-5 s
     lab_path_stack = out / "lab-path" / "stack"
-    assert _sidecar_outlived_frontend_s(lab_path_stack) < SidecarTiming.grace_period_s
+    assert _sidecar_outlived_frontend_s(lab_path_stack) < SidecarTiming.grace_period_s / 2
     knots = _knots(out)
     assert sorted(knots["prefill"]) == [128, 512, 1024]
     # decode knots: c=1 at isl + osl/2, 2 x (isl + 12) for the overlap probes, c x (64 + 16)
