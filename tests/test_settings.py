@@ -33,6 +33,7 @@ from launch.commands import (
 from launch.topology import FleetSpec, TopologySpec
 from mocker.cli import main as mocker_main
 from mocker.engine import EngineArgs
+from tests.no_grace import no_grace_topology
 from tests.usage_errors import assert_usage_error, usage_cases
 
 COMMANDS: dict[type[Settings], click.Command] = {
@@ -228,8 +229,9 @@ def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path)
     for extra, isolated in (([], True), (["--in-process-client"], False)):
         out = tmp_path / f"run-{isolated}"
         proc = subprocess.run(
-            [lab, "sweep", "--conc", "1", "--requests", "4", "--warmup", "0", "--osl", "4",
-             "--isl", "8", "--speedup", "0", "--no-plots", "--quiet", "--out", str(out), *extra],
+            [lab, "sweep", *no_grace_topology(tmp_path), "--conc", "1", "--requests", "4",
+             "--warmup", "0", "--osl", "4", "--isl", "8", "--speedup", "0", "--no-plots",
+             "--quiet", "--out", str(out), *extra],
             capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         config = json.loads((out / "config.json").read_text())

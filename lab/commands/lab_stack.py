@@ -13,6 +13,12 @@ from launch.cli_options import spec_from_options
 
 T = TypeVar("T")
 
+#: `lab sidecar --grace-period` of the private stack: the default grace keeps a withdrawn
+#: sidecar serving (5 s) for frontends that have not yet seen the withdrawal, but this stack's
+#: only frontend is stopped first and nothing else routes to it, so the grace would only delay
+#: the teardown (5 s per stack, at the end of every `lab calibrate` and `lab fidelity` arm)
+PRIVATE_SIDECAR_GRACE_S = 0.0
+
 
 def lab_spec(*, engine_args: str | None = None, speedup: float | None = None,
              tokenizer: str | None = None, disagg: bool = False,
@@ -23,6 +29,9 @@ def lab_spec(*, engine_args: str | None = None, speedup: float | None = None,
                              disagg=True if disagg else None, name=name)
     if engine_args is not None:
         check_engine_args(spec)
+    for fleet in spec.fleets:
+        fleet.extra_sidecar_args = [*fleet.extra_sidecar_args,
+                                    "--grace-period", f"{PRIVATE_SIDECAR_GRACE_S:g}"]
     return spec
 
 

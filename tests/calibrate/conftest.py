@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.calibrate.curves import write_true_engine
+from tests.no_grace import no_grace_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -28,8 +29,8 @@ def true_engine_args(tmp_path: Path) -> Path:
 
 
 def _stack(stack: Path, engine_args: Path) -> Iterator[str]:
-    up = lab("up", "--detach", "--engine-args", str(engine_args), "--speedup", "1",
-             "--out", str(stack))
+    up = lab("up", "--detach", *no_grace_topology(stack.parent), "--engine-args",
+             str(engine_args), "--speedup", "1", "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield next(w for w in up.stdout.split() if w.startswith("http://"))

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from lab.analysis.rundir import read_requests
+from tests.no_grace import no_grace_topology
 
 OSL = 128
 
@@ -24,8 +25,8 @@ def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def sweep(run: Path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    proc = lab("sweep", "--osl", str(OSL), "--isl", "32", "--out", str(run), "--quiet",
-               "--no-plots", *args)
+    proc = lab("sweep", *no_grace_topology(run.parent), "--osl", str(OSL), "--isl", "32",
+               "--out", str(run), "--quiet", "--no-plots", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = read_requests(run)
     req = req[~req["warmup"]]
@@ -80,7 +81,8 @@ def test_stream_interval_8_gives_16_events_of_8_tokens(tmp_path: Path) -> None:
 def test_a_client_that_stops_reading_does_not_stall_the_other_streams(tmp_path: Path) -> None:
     """A raw HTTP client asks for a long stream and never reads it (its socket buffers fill,
     the frontend's writes block); meanwhile a sweep on the same stack gets every event."""
-    up = lab("up", "--detach", "--out", str(tmp_path / "stack"), timeout=120)
+    up = lab("up", "--detach", *no_grace_topology(tmp_path), "--out", str(tmp_path / "stack"),
+             timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     url = next(w for w in up.stdout.split() if w.startswith("http://"))
     host, port = url.removeprefix("http://").split(":")

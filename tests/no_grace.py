@@ -1,0 +1,21 @@
+"""`--topology` for tests that launch a lab stack only to measure through it (`lab up`,
+`lab sweep` without --target): its sidecars skip the serving grace after withdrawing.
+
+That grace (`lab sidecar --grace-period`, 5 s by default) keeps a withdrawn sidecar serving
+for frontends that have not seen the withdrawal yet. At a whole-stack teardown the stack's only
+frontend stops first, so the grace adds nothing but 5 s to every launched stack's teardown.
+Tests of the grace itself (tests/serve/test_sidecar_process.py) and of faults keep it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NO_GRACE_TOPOLOGY = 'extra_sidecar_args = ["--grace-period", "0"]\n'
+
+
+def no_grace_topology(dir_: Path) -> list[str]:
+    """`["--topology", FILE]`, FILE written into `dir_` (it must exist); not combinable with the
+    shape flags (--engines, --disagg, ...), which a topology file replaces."""
+    path = dir_ / "no-grace-topology.toml"
+    path.write_text(NO_GRACE_TOPOLOGY)
+    return ["--topology", str(path)]
