@@ -10,7 +10,9 @@ reason skips locally with the command to run, and fails under CI=true.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,7 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
            tmp_path: Path) -> Iterator[Callable[[bool], Stack]]:
     """start(disagg) -> Stack: the mockers, then Dynamo's frontend and a sidecar per mocker;
     `spawn` stops every process group at teardown, whatever the test did."""
+    dynamo_procs: list[Proc] = []
 
     def start(disagg: bool) -> Stack:
         roles = ("prefill", "decode") if disagg else ("aggregated",)
@@ -80,6 +83,7 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
                 proc.address, model_dir, role if disagg else None), ready=False, env=env)
             for role, proc in engines.items()
         ]
+        dynamo_procs.extend([frontend, *sidecars])
         url, model = f"http://127.0.0.1:{port}", str(model_dir)
 
         def dead() -> str | None:
@@ -97,6 +101,15 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
         return Stack(url=url, model=model, engines=engines)
 
     yield start
+    # Dynamo's processes, before `spawn` stops the rest: its prefill sidecar ignores SIGTERM
+    # (`spawn` would SIGKILL it after 10 s) and the others take ~5 s to exit cleanly, one after
+    # another. How Dynamo exits is not what these tests check: SIGTERM them all at once, then
+    # give them 2 s.
+    for proc in dynamo_procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGTERM)
+    for proc in dynamo_procs:
+        proc.stop(timeout=2)
 
 
 def sweep_through(stack: Stack, model_dir: Path, out: Path) -> pd.DataFrame:
