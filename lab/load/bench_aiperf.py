@@ -39,6 +39,16 @@ ISL, OSL = 136, 128
 AROUND_SATURATION = (0.6, 0.8, 1.0, 1.2)
 #: The closed-loop level whose throughput the rates are placed around.
 PROBE_CONCURRENCY = 32
+#: AIPerf options that cut its client CPU without changing what it measures (same rate, arrival,
+#: streaming workload, same TTFT and throughput definitions). py-spy on AIPerf 0.13 at 100 req/s
+#: (docs/open-loop.md "Against AIPerf"): its server_metrics_manager scrapes and parses the
+#: target's Prometheus /metrics all run long (~13% of AIPerf's CPU), its records_manager writes
+#: every request to profile_export.jsonl (~5%; only the aggregate profile_export_aiperf.json is
+#: read here), GPU telemetry polls DCGM endpoints that do not exist here, and INFO logging is
+#: per-phase chatter. The rest, ~7 of 8 parts, is structural: the worker ships every SSE event of
+#: every response over ZMQ to a record processor that parses each one again.
+AIPERF_LEAN_ARGS = ("--no-server-metrics", "--no-gpu-telemetry", "--export-level", "summary",
+                    "--log-level", "warning")
 
 
 def _rates(_ctx: click.Context, _param: click.Parameter, value: str | None
@@ -94,7 +104,7 @@ def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Pa
     env = {**os.environ, "SERVER_PIDS": "", "ANCHOR_DIR": str(anchor_dir)}
     proc = subprocess.run(
         [str(anchors / "aiperf.sh"), target, model, str(cap), str(requests), str(out),
-         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson"],
+         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", *AIPERF_LEAN_ARGS],
         capture_output=True, text=True, env=env)
     summary = out / "summary.json"
     if not summary.exists():
