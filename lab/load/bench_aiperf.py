@@ -15,7 +15,16 @@ per rate and tool, the achieved rate (as AIPerf's request throughput: the measur
 completed over the window from the first one's send to the last one's end; the lab's sent rate
 beside it), TTFT p50 and the client's CPU per request: the lab's from its client process
 (getrusage over the level), AIPerf's from its whole process tree (aiperf.sh samples every
-AIPerf service process).
+AIPerf service process). AIPerf runs with AIPERF_LEAN_ARGS (no server-metrics scraping, no GPU
+telemetry, summary export, WARNING logs): they cut its CPU per request, not its measurement.
+
+Both tools' TTFT is the same interval: from a perf_counter_ns stamp taken before a pooled
+connection is picked (AIPerf: before aiohttp's `session.request`, so its header and body
+serialisation is inside; the lab: before its pre-built request's single write) to the arrival
+of the first SSE event with non-empty content (AIPerf: `content_responses[0]`, stamped when its
+chunk is read; the lab: `first_ns`, stamped in `data_received`). What differs is the socket:
+AIPerf sets TCP_QUICKACK (and large buffers) on its connections, the lab's client does not
+(docs/open-loop.md "Against AIPerf").
 
 The target is not started or stopped here. Runs go under --out (one directory per run).
 """
