@@ -15,7 +15,16 @@ per rate and tool, the achieved rate (as AIPerf's request throughput: the measur
 completed over the window from the first one's send to the last one's end; the lab's sent rate
 beside it), TTFT p50 and the client's CPU per request: the lab's from its client process
 (getrusage over the level), AIPerf's from its whole process tree (aiperf.sh samples every
-AIPerf service process).
+AIPerf service process). AIPerf runs with AIPERF_LEAN_ARGS (no server-metrics scraping, no GPU
+telemetry, summary export, WARNING logs): they cut its CPU per request, not its measurement.
+
+Both tools' TTFT is the same interval: from a perf_counter_ns stamp taken before a pooled
+connection is picked (AIPerf: before aiohttp's `session.request`, so its header and body
+serialisation is inside; the lab: before its pre-built request's single write) to the arrival
+of the first SSE event with non-empty content (AIPerf: `content_responses[0]`, stamped when its
+chunk is read; the lab: `first_ns`, stamped in `data_received`). What differs is the socket:
+AIPerf sets TCP_QUICKACK (and large buffers) on its connections, the lab's client does not
+(docs/open-loop.md "Against AIPerf").
 
 The target is not started or stopped here. Runs go under --out (one directory per run).
 """
@@ -39,6 +48,16 @@ ISL, OSL = 136, 128
 AROUND_SATURATION = (0.6, 0.8, 1.0, 1.2)
 #: The closed-loop level whose throughput the rates are placed around.
 PROBE_CONCURRENCY = 32
+#: AIPerf options that cut its client CPU without changing what it measures (same rate, arrival,
+#: streaming workload, same TTFT and throughput definitions). py-spy on AIPerf 0.13 at 100 req/s
+#: (docs/open-loop.md "Against AIPerf"): its server_metrics_manager scrapes and parses the
+#: target's Prometheus /metrics all run long (~13% of AIPerf's CPU), its records_manager writes
+#: every request to profile_export.jsonl (~5%; only the aggregate profile_export_aiperf.json is
+#: read here), GPU telemetry polls DCGM endpoints that do not exist here, and INFO logging is
+#: per-phase chatter. The rest, ~7 of 8 parts, is structural: the worker ships every SSE event of
+#: every response over ZMQ to a record processor that parses each one again.
+AIPERF_LEAN_ARGS = ("--no-server-metrics", "--no-gpu-telemetry", "--export-level", "summary",
+                    "--log-level", "warning")
 
 
 def _rates(_ctx: click.Context, _param: click.Parameter, value: str | None
@@ -94,7 +113,7 @@ def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Pa
     env = {**os.environ, "SERVER_PIDS": "", "ANCHOR_DIR": str(anchor_dir)}
     proc = subprocess.run(
         [str(anchors / "aiperf.sh"), target, model, str(cap), str(requests), str(out),
-         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson"],
+         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", *AIPERF_LEAN_ARGS],
         capture_output=True, text=True, env=env)
     summary = out / "summary.json"
     if not summary.exists():
