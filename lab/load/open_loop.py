@@ -82,7 +82,10 @@ class _OpenDriver(RecordBook):
         self.offsets = [int(o) for o in offsets]
         self.cap = max_concurrency
         self.finished: deque[tuple[Sent, RawResponse]] = deque()
-        self.idle: list[Http1Connection] = []
+        # kept-alive connections, longest idle first: a send takes the one idle longest, as
+        # aiohttp's pool (AIPerf) does; one that has just answered may still wait on the
+        # client's delayed ACK behind a server without TCP_NODELAY (docs/open-loop.md)
+        self.idle: deque[Http1Connection] = deque()
         self.conns: set[Http1Connection] = set()  # every connection opened (closed at the end)
         self.held: deque[tuple[int, int]] = deque()
         self.inflight = 0
@@ -112,7 +115,7 @@ class _OpenDriver(RecordBook):
         raw.sent_ns = time.perf_counter_ns()
         idle = self.idle
         while idle:
-            conn = idle.pop()
+            conn = idle.popleft()
             if not conn.closed:
                 conn.request(request, raw, ctx.streaming, on_response, self.options.timeout_s)
                 return

@@ -42,6 +42,8 @@ class FakeOpenAI(FakeServer):
     served: int = field(default=0, init=False)
     #: the client (host, port) of every request: counts connections
     peers: set = field(default_factory=set, init=False)
+    #: the client (host, port) of each request, in arrival order: which connection served it
+    peer_order: list = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -51,6 +53,7 @@ class FakeOpenAI(FakeServer):
         body = orjson.loads(await request.read())
         if request.transport is not None:
             self.peers.add(request.transport.get_extra_info("peername"))
+            self.peer_order.append(request.transport.get_extra_info("peername"))
         prompt = body["prompt"]
         first = prompt[0] if isinstance(prompt, list) else None
         n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
