@@ -29,9 +29,12 @@ def lab_spec(*, engine_args: str | None = None, speedup: float | None = None,
                              disagg=True if disagg else None, name=name)
     if engine_args is not None:
         check_engine_args(spec)
+    from lab.shared.sidecar_settings import SidecarSettings
+
+    # (model_construct: the one field, without the required ones a whole sidecar needs)
+    no_grace = SidecarSettings.model_construct(grace_period=PRIVATE_SIDECAR_GRACE_S).to_argv()
     for fleet in spec.fleets:
-        fleet.extra_sidecar_args = [*fleet.extra_sidecar_args,
-                                    "--grace-period", f"{PRIVATE_SIDECAR_GRACE_S:g}"]
+        fleet.extra_sidecar_args = [*fleet.extra_sidecar_args, *no_grace]
     return spec
 
 
