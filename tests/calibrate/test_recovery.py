@@ -78,10 +78,16 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
     # for the batch probes
     assert sorted(knots["decode"]) == [80, 132, 280, 516, 640, 1028, 1048, 2072, 2560]
     off = _off_curve(knots)
-    # the target's path beyond the lab's (a per-request latency) is told apart from prefill
-    for tokens, ms in knots["request"].items():
-        if abs(ms - TRUE_REQUEST_MS) > 3.0:
-            off.append(f"request at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_REQUEST_MS} ms")
+    # the target's path beyond the lab's (a per-request latency) is told apart from prefill.
+    # A request knot is what is left of a TTFT at c=1 once the lab path and the fitted prefill
+    # are taken away, so it carries their errors: 3 ms, plus 1% of the prefill it is split
+    # from (a prefill knot 0.5% off at 1024 tokens, 2.7 of 506 ms, put a CI run's request
+    # knot 3.8 ms off). Folded into prefill instead, the knots would be ~0: 30 ms off.
+    for tokens, ms in knots["request"].items():  # (the prefill knots are at the same lengths)
+        bound = 3.0 + 0.01 * knots["prefill"].get(tokens, 0.0)
+        if abs(ms - TRUE_REQUEST_MS) > bound:
+            off.append(f"request at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_REQUEST_MS} ms"
+                       f" (bound {bound:.1f} ms)")
     assert sorted(knots["request"]) == [128, 512, 1024]
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
     args = json.loads((out / "engine-args.json").read_text())
