@@ -92,26 +92,27 @@ def assign(spec: TopologySpec, nodes: list[RayNode]) -> dict[str, RayNode]:
                               + ("; ".join(n.describe() for n in nodes) or "none"))
         return found
 
-    out: dict[str, RayNode] = {}
+    # every place resolved (and checked) once, before anything is assigned
+    candidates: dict[int, list[RayNode]] = {}  # id(fleet) -> the nodes its place matches
     for index, fleet in enumerate(spec.fleets):
         place = RayPlace.of(fleet.ray_resource, fleet.ray_labels)
         if place is not None:
-            matching(f"fleet {index} ({fleet.role})", place)
+            candidates[id(fleet)] = matching(f"fleet {index} ({fleet.role})", place)
     frontend = RayPlace.of(spec.frontend_ray_resource, spec.frontend_ray_labels)
-    if frontend is not None:
-        matching("the frontend", frontend)
-    for fleet, suffix in spec.workers():
-        place = RayPlace.of(fleet.ray_resource, fleet.ray_labels)
-        if place is None:
-            continue
-        found = matching(fleet.role, place)
+    frontend_nodes = matching("the frontend", frontend) if frontend is not None else None
+
+    def next_turn(found: list[RayNode]) -> RayNode:
         key = tuple(n.node_id for n in found)
         turn = turns.get(key, 0)
         turns[key] = turn + 1
-        out[f"engine-{suffix}"] = out[f"sidecar-{suffix}"] = found[turn % len(found)]
-    if frontend is not None:
-        found = matching("the frontend", frontend)
-        out["frontend"] = found[turns.get(tuple(n.node_id for n in found), 0) % len(found)]
+        return found[turn % len(found)]
+
+    out: dict[str, RayNode] = {}
+    for fleet, suffix in spec.workers():
+        if id(fleet) in candidates:
+            out[f"engine-{suffix}"] = out[f"sidecar-{suffix}"] = next_turn(candidates[id(fleet)])
+    if frontend_nodes is not None:
+        out["frontend"] = next_turn(frontend_nodes)
     return out
 
 
