@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.calibrate.probes import ProbeResult
-from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE
+from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE, DEFAULT_MAX_NUM_BATCHED_TOKENS
 from mocker.engine.timing import DECODE_FLOOR_MS, PROFILE_COLUMNS, Interp1D
 
 #: a prefix probe whose TTFT saves at least this share of the fitted prefill: the target caches
@@ -234,19 +234,24 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
                             f"step {first:.2f} - prefill {ms:.2f}"))
     if not prefill:
         raise ValueError("no concurrency-1 context probe measured a TTFT: cannot fit prefill")
+    top = max(k.tokens for k in prefill)
+    if top < DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        warnings.append(f"the prefill knots end at {top:g} tokens, below a pass's token budget "
+                        f"({DEFAULT_MAX_NUM_BATCHED_TOKENS}, max_num_batched_tokens): fuller "
+                        "passes are extrapolated linearly from the last two knots, which "
+                        "understates a prefill that grows faster (add that length to "
+                        "--context-isl)")
     fit = Fit(engine_type, _merge(prefill), decode, dict(lab_path_ms), _merge(request),
               warnings=warnings)
     mode, evidence = choose_request_mode(lengths)
     fit.mode_evidence = evidence
     if mode == "floor":
         fit.request_mode = "floor"
-        # the lab mocker releases a held first token at the first pass end past the floor,
-        # on average half a decode step late at concurrency 1: the knot leaves that out
-        fit.request = _merge([Knot("request", t, max(rest + first - dfn(t) / 2, 0.0), "floor",
-                                   rest + first,
+        # the lab mocker releases a held first token at the floor itself (as a delayed ACK's
+        # timer does), so the knot is the engine-side time to the first token
+        fit.request = _merge([Knot("request", t, rest + first, "floor", rest + first,
                                    f"first token no earlier: rest {rest:.2f} + first decode "
-                                   f"step {first:.2f} - half a step {dfn(t) / 2:.2f} "
-                                   f"(prefill {pf:.2f})")
+                                   f"step {first:.2f} (prefill {pf:.2f})")
                               for t, rest, pf, first in lengths])
     _prefix_effect(fit, results)
     return fit

@@ -59,7 +59,9 @@ def say_to_stderr(quiet: bool) -> Any:
 @click.option("--context-isl", default=",".join(map(str, P.DEFAULT_CONTEXT_ISL)),
               show_default=True, metavar="LIST",
               help="Prompt lengths of the concurrency-1 probes (prefill from their TTFT, decode "
-              "over context length from their token gaps).")
+              "over context length from their token gaps). Reach the target's per-pass token "
+              "budget (8192 by default in vLLM and TensorRT-LLM): past the last length the "
+              "fitted prefill is extrapolated linearly.")
 @click.option("--context-osl", type=click.IntRange(2, 100_000), default=P.DEFAULT_CONTEXT_OSL,
               show_default=True, help="Output tokens of the concurrency-1 probes.")
 @click.option("--context-requests", type=click.IntRange(1, 100_000),

@@ -95,11 +95,18 @@ class Signal:
 
 @dataclass(slots=True)
 class PassResult:
+    """One pass. Its `signals` are visible at its end (start + `duration_ms`), except the
+    leading ones `early` names: held first tokens (a `floor` request latency) whose floor
+    falls inside this pass come out at the floor itself, not at the next pass end. `early`
+    is (release time, how many of the next signals) per release, in time order; a caller
+    that ignores it sees those signals at the pass end, late but never lost."""
+
     duration_ms: float  # modeled time of the pass, already divided by speedup
     signals: list[Signal]
     batch_size: int = 0  # requests that scheduled tokens this pass
     prefill_tokens: int = 0  # new prompt (or recompute) tokens computed this pass
     decode_requests: int = 0  # requests in the decode set (charged decode time)
+    early: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -460,8 +467,9 @@ class Scheduler:
         duration = timing.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
         if n_decode:
             duration += timing.decode_ms(decode_kv)
+        early: list[tuple[float, int]] = []
         if self._held:
-            signals = self._hold_back(signals, now_ms + duration)
+            signals = self._hold_back(signals, now_ms, now_ms + duration, early)
         self._passes += 1
         self._tokens += emitted
         self._prefill_total += prefill_tokens
@@ -469,7 +477,7 @@ class Scheduler:
         self._last_batch = n_batch
         self._last_ms = duration
         self._recent.append((n_batch, duration))
-        return PassResult(duration, signals, n_batch, prefill_tokens, n_decode)
+        return PassResult(duration, signals, n_batch, prefill_tokens, n_decode, early)
 
     def fast_forward(self, now_ms: float, until_ms: float, max_tokens: int) -> Burst:
         """Run up to ``max(1, max_tokens // running)`` consecutive passes starting at
@@ -577,11 +585,22 @@ class Scheduler:
             self._first_signal(r, pos, fin, emit)
         return fin
 
-    def _hold_back(self, signals: list[Signal], end_ms: float) -> list[Signal]:
-        """Signals visible at `end_ms`: those of requests whose first-token floor is still
-        ahead are held; held ones whose floor has come are released (in order)."""
+    def _hold_back(self, signals: list[Signal], start_ms: float, end_ms: float,
+                   early: list[tuple[float, int]]) -> list[Signal]:
+        """This pass's visible signals. Tokens held from earlier passes whose floor comes by
+        `end_ms` lead, released at the floor itself (one `early` entry per floor, in time
+        order, none before `start_ms`); this pass's signals of requests whose floor is still
+        ahead are held; the rest, with this pass's first tokens whose floor has come, are
+        visible at `end_ms`.
+        A held first token comes out when the target's path lets it go (Dynamo's: the
+        delayed ACK's timer, docs/fidelity.md), not at the engine's next pass end."""
         held = self._held
         out: list[Signal] = []
+        due = sorted((f, k) for k, (f, sigs) in held.items() if f <= end_ms and sigs)
+        for f, k in due:
+            sigs = held.pop(k)[1]
+            early.append((max(f, start_ms), len(sigs)))
+            out.extend(sigs)
         for s in signals:
             h = held.get(s.key)
             if h is None:

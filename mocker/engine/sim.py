@@ -1,7 +1,8 @@
 """Drive a Scheduler on a simulated clock (tests, benches, offline what-ifs).
 
 This is the reference for how a caller should loop: step at `now`, the pass's signals become
-visible at `now + duration_ms`; when nothing is runnable, jump to `next_ready_ms()`.
+visible at `now + duration_ms` (its leading `early` ones at their own times, inside the pass);
+when nothing is runnable, jump to `next_ready_ms()`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def run_until_idle(
             now = nxt
             continue
         res: PassResult = sched.step(now)
+        signals, i = res.signals, 0
+        for at, n in res.early:
+            out.extend((at, s) for s in signals[i:i + n])
+            i += n
         now += res.duration_ms
-        out.extend((now, s) for s in res.signals)
+        out.extend((now, s) for s in signals[i:])
     raise RuntimeError(f"scheduler not idle after {max_passes} passes")

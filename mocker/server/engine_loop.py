@@ -277,6 +277,10 @@ class EngineLoop:
                     await self._idle_until_ready(now)
                     continue
                 end = t_ms + result.duration_ms
+            at_end = result.signals if result is not None else []
+            if result is not None and result.early:
+                # held first tokens whose floor falls inside this pass: out at the floor
+                at_end = await self._release_early(result)
             now = _now_ms()
             if end > now:  # on schedule: never deliver before the pass's simulated end
                 stats.sleeps += 1
@@ -294,14 +298,26 @@ class EngineLoop:
             else:
                 stats.passes += 1
                 stats.simulated_ms += result.duration_ms
-                if result.signals:
-                    self._deliver(result.signals)
+                if at_end:
+                    self._deliver(at_end)
                 ahead += 1
             if not self._unacked and end <= now:
                 ahead = 0
                 await sleep(0)  # nothing handed out (e.g. a prefill chunk): let I/O run
         for live in list(self._live.values()):
             live.end(Exit.CLOSED)  # (a no-op for a stream that was ended or claimed already)
+
+    async def _release_early(self, result: PassResult) -> list[Signal]:
+        """Deliver the pass's `early` signals, each group once its time has come (sleeping
+        to it), and return the signals left for the pass end."""
+        signals, i = result.signals, 0
+        for at, n in result.early:
+            wait = at - _now_ms()
+            if wait > 0:
+                await asyncio.sleep(wait / 1000.0)
+            self._deliver(signals[i:i + n])
+            i += n
+        return signals[i:]
 
     async def _idle_until_ready(self, now: float) -> None:
         ready = self.scheduler.next_ready_ms()

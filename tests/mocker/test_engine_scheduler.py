@@ -323,7 +323,7 @@ def test_first_token_decode_step_is_an_engine_arg(engine_type: str,
 def _profile_args(tmp_path: object, mode: str | None) -> EngineArgs:
     from pathlib import Path
     csv = Path(str(tmp_path)) / "profile.csv"
-    csv.write_text("kind,tokens,ms\nprefill,1,10\ndecode,1,3\nrequest,1,40\n")
+    csv.write_text("kind,tokens,ms\nprefill,1,10\ndecode,1,3\nrequest,1,41\n")
     timing: dict[str, object] = {"type": "profile", "path": str(csv)}
     if mode is not None:
         timing["request_mode"] = mode
@@ -331,20 +331,20 @@ def _profile_args(tmp_path: object, mode: str | None) -> EngineArgs:
 
 
 @pytest.mark.parametrize(("mode", "times"), [
-    # delay (the default): scheduled at 40, prefill 10, then one token per 3 ms decode
-    (None, [50.0 + 3 * i for i in range(14)]),
-    ("delay", [50.0 + 3 * i for i in range(14)]),
-    # floor: scheduled at once; the tokens of the passes ending at 10, 13, .., 37 are held
-    # and come out with the one of the pass ending at 40, then one per pass
-    ("floor", [40.0] * 11 + [43.0, 46.0, 49.0]),
+    # delay (the default): scheduled at 41, prefill 10, then one token per 3 ms decode
+    (None, [51.0 + 3 * i for i in range(14)]),
+    ("delay", [51.0 + 3 * i for i in range(14)]),
+    # floor: scheduled at once; the tokens of the passes ending at 10, 13, .., 40 are held
+    # and come out at the floor itself (41, inside the pass ending at 43), then one per pass
+    ("floor", [41.0] * 11 + [43.0, 46.0, 49.0]),
 ])
 def test_request_latency_as_a_delay_or_a_first_token_floor(tmp_path: object, mode: str | None,
                                                            times: list[float]) -> None:
-    """A request with a 40 ms request latency (the server sets ready_at_ms = now + it):
+    """A request with a 41 ms request latency (the server sets ready_at_ms = now + it):
     `delay` holds the request out of the engine, `floor` only holds its first token back,
     and a request without one (b) is not held either way."""
     sched = Scheduler(_profile_args(tmp_path, mode))
-    sched.add(req("a", 4, 14, ready_at_ms=40.0))
+    sched.add(req("a", 4, 14, ready_at_ms=41.0))
     sched.add(req("b", 4, 2))
     _, out = run_until_idle(sched)
     a = [t for t, s in out if s.key == "a"]
@@ -357,7 +357,7 @@ def test_first_token_floor_after_the_request_finished(tmp_path: object) -> None:
     """Tokens held past the request's last pass come out at the floor itself: an idle
     engine wakes for it (next_ready_ms), not a pass later."""
     sched = Scheduler(_profile_args(tmp_path, "floor"))
-    sched.add(req("a", 4, 2, ready_at_ms=40.0))
+    sched.add(req("a", 4, 2, ready_at_ms=41.0))
     end, out = run_until_idle(sched)
-    assert [(t, s.position, s.completed) for t, s in out] == [(40.0, 0, False), (40.0, 1, True)]
-    assert end == 40.0
+    assert [(t, s.position, s.completed) for t, s in out] == [(41.0, 0, False), (41.0, 1, True)]
+    assert end == 41.0

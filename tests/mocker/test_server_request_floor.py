@@ -41,3 +41,23 @@ def test_request_latency_delays_the_request_or_holds_its_first_token(tmp_path: P
         assert spread >= 0.9 * (TOKENS - 1) * DECODE_MS / 1000
     else:  # every pass ended before the floor: all of them come out at it, together
         assert spread < (TOKENS - 1) * DECODE_MS / 1000 / 2
+
+
+def test_a_held_first_token_comes_out_at_the_floor_inside_a_pass(tmp_path: Path) -> None:
+    """Passes of 100 ms end at 1, 101, 201, 301 ms; the floor is 150 ms. The tokens of the
+    first two passes come out at the floor (inside the pass ending at 201), not at 201: the
+    engine loop wakes for the floor, as the delayed-ACK timer the floor models does."""
+    floor_ms, step_ms = 150.0, 100.0
+    csv = tmp_path / "profile.csv"
+    csv.write_text(f"kind,tokens,ms\nprefill,1,1\ndecode,1,{step_ms}\nrequest,1,{floor_ms}\n")
+    args = {"engine_type": "vllm",
+            "timing": {"type": "profile", "path": str(csv), "request_mode": "floor"}}
+    with engine_process(tmp_path, "engine-mid-pass", "--speedup-ratio", "1",
+                        "--engine-args", json.dumps(args)) as e:
+        t0 = time.monotonic()
+        stamps: list[float] = []
+        for _msg in e.inference.Generate(request("r-mid", max_tokens=4), timeout=60):
+            stamps.append(time.monotonic() - t0)
+    ttft, third = stamps[0], stamps[2]
+    assert floor_ms / 1000 <= ttft < (floor_ms + step_ms / 2) / 1000, stamps
+    assert third - ttft > step_ms / 4 / 1000, stamps  # the third token is the 201 ms pass's
