@@ -208,7 +208,7 @@ async def _sweep_side(out: Path, side: Side, plan: Any, model: str, progress: An
 
 def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
     """fidelity.md / fidelity.json / plots; returns the markdown."""
-    from lab.fidelity.gaps import disagg_cost, level_gaps
+    from lab.fidelity.gaps import Gap, disagg_cost, level_gaps
     from lab.report.comparison import compare_runs, load_run
     from lab.report.markdown import fnum, md_table
 
@@ -234,6 +234,7 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
         rows.append(row)
     lines += [md_table(header, rows), ""]
     costs: dict[str, dict[int, float]] = {}
+    dgaps: list[Gap] = []
     if "target-disagg" in runs and "lab-disagg" in runs:
         costs = {"target": disagg_cost(target, runs["target-disagg"].levels),
                  "lab": disagg_cost(runs["lab"].levels, runs["lab-disagg"].levels)}
@@ -262,6 +263,7 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
     (run_dir / "fidelity.md").write_text(text)
     (run_dir / "fidelity.json").write_text(json.dumps(
         {"gaps": {k: [g.to_dict() for g in v] for k, v in gaps.items()},
+         "disagg_gaps": [g.to_dict() for g in dgaps],
          "disagg_cost_pct": {k: {str(c): v for c, v in d.items()} for k, d in costs.items()}},
         indent=2, default=str) + "\n")
     return text

@@ -46,3 +46,29 @@ def test_fidelity_compares_level_by_level(true_target: str, true_engine_args: Pa
     assert all(defaults[c, "itl_ms_p50"]["verdict"] == "off" for c in (1, 4)), defaults
     md = (out / "fidelity.md").read_text()
     assert "| 4 | ITL p50 (ms) |" in md and "lab defaults" in md
+
+
+def test_fidelity_puts_the_disagg_cost_beside_the_targets(
+        true_target: str, true_disagg_target: str, true_engine_args: Path,
+        tmp_path: Path) -> None:
+    """--target-disagg: the target deployed 1 prefill + 1 decode is swept beside a lab stack
+    launched the same way, and the req/s lost vs aggregated at c=32 is reported for both."""
+    out = tmp_path / "fid"
+    proc = lab("fidelity", "--target", true_target, "--target-disagg", true_disagg_target,
+               "--engine-args", str(true_engine_args), "--prompt-kind", "token_ids",
+               "--conc", "32", "--requests", "64", "--isl", "64", "--osl", "8",
+               "--no-plots", "--in-process-client", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((out / "fidelity.json").read_text())
+    req_s = {side: pd.read_csv(out / side / "levels.csv").set_index("concurrency")
+             .loc[32, "req_s"] for side in ("target", "lab", "target-disagg", "lab-disagg")}
+    for agg, disagg, key in (("target", "target-disagg", "target"), ("lab", "lab-disagg", "lab")):
+        cost = doc["disagg_cost_pct"][key]["32"]
+        assert abs(cost - 100 * (1 - req_s[disagg] / req_s[agg])) < 1e-9
+    assert {(g["concurrency"], g["metric"]) for g in doc["disagg_gaps"]} == {
+        (32, m) for m, _ in METRICS}
+    fleets = json.loads((out / "lab-disagg" / "config.json").read_text())["topology"]["fleets"]
+    assert sorted(f["role"] for f in fleets) == ["decode", "prefill"]
+    md = (out / "fidelity.md").read_text()
+    assert "## Disaggregation cost (req/s lost vs aggregated)" in md
+    assert "## Disaggregated, level by level" in md
