@@ -13,9 +13,10 @@ from pathlib import Path
 NO_GRACE_TOPOLOGY = 'extra_sidecar_args = ["--grace-period", "0"]\n'
 
 
-def no_grace_topology(dir_: Path) -> list[str]:
+def no_grace_topology(dir_: Path, roles: tuple[str, ...] = ()) -> list[str]:
     """`["--topology", FILE]`, FILE written into `dir_` (it must exist); not combinable with the
-    shape flags (--engines, --disagg, ...), which a topology file replaces."""
-    path = dir_ / "no-grace-topology.toml"
-    path.write_text(NO_GRACE_TOPOLOGY)
+    shape flags (--engines, --disagg, ...), which a topology file replaces. `roles`: one fleet
+    of one engine per role, e.g. ("prefill", "decode"); none = one aggregated engine."""
+    path = dir_ / ("-".join(("no-grace-topology", *roles)) + ".toml")
+    path.write_text(NO_GRACE_TOPOLOGY + "".join(f'[[fleet]]\nrole = "{r}"\n' for r in roles))
     return ["--topology", str(path)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.calibrate.curves import write_true_engine
-from tests.no_grace import NO_GRACE_TOPOLOGY, no_grace_topology
+from tests.no_grace import no_grace_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -28,9 +28,8 @@ def true_engine_args(tmp_path: Path) -> Path:
     return write_true_engine(tmp_path / "true")
 
 
-def _stack(stack: Path, engine_args: Path,
-           topology: list[str] | None = None) -> Iterator[str]:
-    up = lab("up", "--detach", *(topology or no_grace_topology(stack.parent)), "--engine-args",
+def _stack(stack: Path, engine_args: Path, roles: tuple[str, ...] = ()) -> Iterator[str]:
+    up = lab("up", "--detach", *no_grace_topology(stack.parent, roles), "--engine-args",
              str(engine_args), "--speedup", "1", "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
@@ -48,10 +47,7 @@ def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
 @pytest.fixture
 def true_disagg_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
     """The same curve, 1 prefill + 1 decode engine."""
-    topology = tmp_path / "disagg-topology.toml"
-    topology.write_text(NO_GRACE_TOPOLOGY + '[[fleet]]\nrole = "prefill"\n'
-                        '[[fleet]]\nrole = "decode"\n')
-    yield from _stack(tmp_path / "target-disagg", true_engine_args, ["--topology", str(topology)])
+    yield from _stack(tmp_path / "target-disagg", true_engine_args, ("prefill", "decode"))
 
 
 @pytest.fixture
