@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import overload
 
 import pytest
 
@@ -127,6 +129,40 @@ async def test_timed_level_stops_claiming(fake: tuple[FakeOpenAI, str]) -> None:
     res = await run_level(url, rs, 4, options=ClientOptions(duration_s=0.5))
     assert 4 <= len(res.records) < 10**6
     assert client_health(res.procs, requests_frame(rows(res.records)))["wall_s"] < 5
+
+
+class _SlowBodies(Sequence[dict]):
+    """Bodies built on demand, each taking `build_s` of the client's time: a timed level's
+    prompt synthesis at a long ISL (exact_text costs ~28 ms at 4096 tokens)."""
+
+    def __init__(self, n: int, build_s: float) -> None:
+        self.made = bodies(n)
+        self.build_s = build_s
+
+    def __len__(self) -> int:
+        return len(self.made)
+
+    @overload
+    def __getitem__(self, i: int) -> dict: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[dict]: ...
+    def __getitem__(self, i: int | slice) -> dict | list[dict]:
+        time.sleep(self.build_s)  # the synthesis: CPU on the client's loop, before any send
+        return self.made[i]
+
+
+async def test_a_timed_levels_prompt_synthesis_is_not_in_its_ttft(
+    fake: tuple[FakeOpenAI, str],
+) -> None:
+    """A timed level builds each body when it is sent: the build is the client's time, so the
+    send stamp follows it (the server here answers in ~2 ms; a build of 150 ms inside the
+    stamp would put every TTFT above 150 ms)."""
+    _server, url = fake
+    res = await run_level(url, _SlowBodies(1000, 0.15), 1, options=ClientOptions(duration_s=0.5))
+    assert res.records
+    assert all(r.ok and r.first_ns for r in res.records)
+    ttfts_ms = [((r.first_ns or 0) - (r.sent_ns or 0)) / 1e6 for r in res.records]
+    assert max(ttfts_ms) < 100, ttfts_ms
 
 
 async def test_several_client_processes_merge(fake: tuple[FakeOpenAI, str]) -> None:
