@@ -78,6 +78,12 @@ class Side:
 @click.option("--min-requests", type=click.IntRange(1, 10_000_000), default=DEFAULT_MIN_REQUESTS,
               show_default=True, help="Without --requests: the fewest measured requests of a "
               "level.")
+@option_of(SweepSettings, "repeat", ("--repeat",), metavar="K", show_default=True,
+           help="Sweep every side K times, in turn (target, lab, target, lab, ...; repeat k "
+           "sends the prompts of --seed + k - 1, so no prefix cache carries over). The "
+           "report then gives each metric's median over the repeats, the gap of the medians "
+           "with its 95% bootstrap interval, and the median of the per-repeat gaps "
+           "(docs/fidelity.md \"Repeats\").")
 @option_of(SweepSettings, "warmup",
            help="Warm-up requests per level.  [default: the level's concurrency]")
 @click.option(*_SEED[0], **_SEED[1])
@@ -91,10 +97,13 @@ def fidelity(**kw: Any) -> None:
     the gap in % ((lab - target) / target) and a verdict per metric: within 5%, within 10%, or
     off. The target is swept first, then the lab stack is launched, swept and torn down. A
     target that keeps a prefix cache should be fresh (the same seed sends the same prompts).
+    One sweep of a closed loop can land in either of two modes at a level: --repeat K gives
+    the gaps over K sweeps of each side.
 
     Writes RUN/: target/ and lab/ (and lab-defaults/, target-disagg/, lab-disagg/), each a
-    `lab sweep` run directory; fidelity.md, fidelity.json, plots/fidelity.png and compare/
-    (the `lab compare` overlays).
+    `lab sweep` run directory, or with --repeat repeat-1/ ... repeat-K/ holding them;
+    fidelity.md, fidelity.json, plots/fidelity.png and (without --repeat) compare/, the `lab
+    compare` overlays.
     """
     from lab.commands.lab_stack import lab_spec
 
@@ -131,7 +140,7 @@ def fidelity(**kw: Any) -> None:
         "target": info.url, "target_disagg": kw["target_disagg"], "model": info.model,
         "engine_args": kw["engine_args"], "speedup": kw["speedup"], "concurrency": list(concs),
         "workload": workload.to_dict(), "requests": kw["n_requests"], "warmup": kw["warmup"],
-        "argv": sys.argv}})
+        "repeat": kw["repeat"], "argv": sys.argv}})
     sys.exit(run_fidelity(run_dir, sides, concs, workload, info.model, kw))
 
 
@@ -157,30 +166,37 @@ def run_fidelity(run_dir: Path, sides: list[Side], concs: tuple[int, ...], workl
     from launch.errors import LaunchError
 
     say = say_to_stderr(kw["quiet"])
-    plan = RoundsPlan(concurrency=list(concs), workload=workload, requests=kw["n_requests"],
-                      warmup=kw["warmup"],
-                      client=ClientOptions(timeout_s=kw["timeout_s"],
-                                           isolate=not kw["in_process_client"]),
-                      rounds=kw["rounds"], min_requests=kw["min_requests"])
+    repeat = kw["repeat"]
     progress = LineProgress(quiet=kw["quiet"])
-    for i, side in enumerate(sides, start=1):
-        say(f"side {i}/{len(sides)}: {side.name}")
-        try:
-            uvloop.run(_sweep_side(run_dir / side.name, side, plan, model, progress, say))
-        except LevelFailed as exc:
-            click.echo(f"error: {side.name}: {exc}", err=True)
-            return 1
-        except LaunchError as exc:
-            click.echo(f"error: the lab stack ({side.name}) did not start: {exc.message()}",
-                       err=True)
-            return 1
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted: the completed sweeps are kept", err=True)
-            return 130
-        except (RuntimeError, OSError) as exc:
-            click.echo(f"error: {side.name}: {exc}", err=True)
-            return 1
-    text = report(run_dir, sides, workload, kw)
+    for k in range(1, repeat + 1):
+        plan = RoundsPlan(concurrency=list(concs),
+                          workload=replace(workload, seed=workload.seed + k - 1),
+                          requests=kw["n_requests"], warmup=kw["warmup"],
+                          client=ClientOptions(timeout_s=kw["timeout_s"],
+                                               isolate=not kw["in_process_client"]),
+                          rounds=kw["rounds"], min_requests=kw["min_requests"])
+        repeat_dir = run_dir if repeat == 1 else run_dir / f"repeat-{k}"
+        repeat_of = "" if repeat == 1 else f"repeat {k}/{repeat}, "
+        for i, side in enumerate(sides, start=1):
+            say(f"{repeat_of}side {i}/{len(sides)}: {side.name}")
+            try:
+                uvloop.run(_sweep_side(repeat_dir / side.name, side, plan, model, progress,
+                                       say))
+            except LevelFailed as exc:
+                click.echo(f"error: {repeat_of}{side.name}: {exc}", err=True)
+                return 1
+            except LaunchError as exc:
+                click.echo(f"error: the lab stack ({repeat_of}{side.name}) did not start: "
+                           f"{exc.message()}", err=True)
+                return 1
+            except KeyboardInterrupt:
+                click.echo("\ninterrupted: the completed sweeps are kept", err=True)
+                return 130
+            except (RuntimeError, OSError) as exc:
+                click.echo(f"error: {repeat_of}{side.name}: {exc}", err=True)
+                return 1
+    text = report(run_dir, sides, workload, kw) if repeat == 1 else \
+        report_repeats(run_dir, sides, workload, kw)
     click.echo(text)
     return 0
 
@@ -191,7 +207,7 @@ async def _sweep_side(out: Path, side: Side, plan: Any, model: str, progress: An
     from lab.load.sweep import SweepRunner
     from launch.config import write_config
 
-    out.mkdir()
+    out.mkdir(parents=True)
     sweep_cfg = {"sweep": {"name": side.name, "target": side.url, **plan.to_dict()}}
     if not side.is_lab:
         assert side.url is not None  # a target side has its URL
@@ -216,11 +232,7 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
     target = runs["target"].levels
     gaps = {name: level_gaps(target, runs[name].levels)
             for name in ("lab", "lab-defaults") if name in runs}
-    lines = [f"# Fidelity: the lab against {kw['target']}", "",
-             f"Workload: ISL {workload.isl}, OSL {workload.osl}, {workload.endpoint}, "
-             f"{workload.prompt_kind} prompts; lab engine args: "
-             f"{kw['engine_args'] or 'defaults'}, speedup {kw['speedup']:g}. Gap = (lab - "
-             "target) / target.", ""]
+    lines = _intro(workload, kw)
     header = ["conc", "metric", "target", "lab", "gap", "verdict"]
     if "lab-defaults" in gaps:
         header += ["lab defaults", "gap", "verdict"]
@@ -264,6 +276,78 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
     (run_dir / "fidelity.json").write_text(json.dumps(
         {"gaps": {k: [g.to_dict() for g in v] for k, v in gaps.items()},
          "disagg_gaps": [g.to_dict() for g in dgaps],
+         "disagg_cost_pct": {k: {str(c): v for c, v in d.items()} for k, d in costs.items()}},
+        indent=2, default=str) + "\n")
+    return text
+
+
+def _intro(workload: Any, kw: dict) -> list[str]:
+    return [f"# Fidelity: the lab against {kw['target']}", "",
+            f"Workload: ISL {workload.isl}, OSL {workload.osl}, {workload.endpoint}, "
+            f"{workload.prompt_kind} prompts; lab engine args: "
+            f"{kw['engine_args'] or 'defaults'}, speedup {kw['speedup']:g}. Gap = (lab - "
+            "target) / target.", ""]
+
+
+#: (lab side, the side it is compared with, the section's title) of a report over repeats
+_REPEAT_PAIRS = (("lab", "target", "The lab against the target"),
+                ("lab-defaults", "target", "The lab with its default engine args"),
+                ("lab-disagg", "target-disagg", "Disaggregated, level by level"))
+
+
+def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
+    """fidelity.md / fidelity.json / plots over `--repeat` sweeps (lab/fidelity/repeats.py);
+    returns the markdown."""
+    from lab.fidelity.gaps import disagg_cost
+    from lab.fidelity.repeats import median_levels, repeat_gaps
+    from lab.report.comparison import load_run
+    from lab.report.markdown import fnum, md_table
+
+    repeat = kw["repeat"]
+    repeats = {s.name: [load_run(run_dir / f"repeat-{k}" / s.name).levels
+                       for k in range(1, repeat + 1)] for s in sides}
+    lines = [
+        *_intro(workload, kw),
+        f"Over {repeat} repeats (repeat-1/ ... repeat-{repeat}/, each side swept in turn): "
+        "the target and lab columns are medians over the repeats, the gap is theirs, with "
+        "its 95% bootstrap interval (repeats resampled in pairs), and the median of the "
+        "per-repeat gaps beside it; the verdict is on the gap.", ""]
+    header = ["conc", "metric", "target", "lab", "gap", "95% interval", "per-repeat gap",
+              "verdict"]
+    gaps = {}
+    for lab, target, title in _REPEAT_PAIRS:
+        if lab not in repeats or target not in repeats:
+            continue
+        gaps[lab] = repeat_gaps(repeats[target], repeats[lab])
+        rows = [[str(g.concurrency), g.label, fnum(g.target, 2), fnum(g.lab, 2),
+                 _pct(g.gap_pct), f"{_pct(g.low_pct)} .. {_pct(g.high_pct)}",
+                 _pct(g.repeat_gap_pct), g.verdict] for g in gaps[lab]]
+        lines += [f"## {title}", "", md_table(header, rows), ""]
+    medians = {name: median_levels(r) for name, r in repeats.items()}
+    costs: dict[str, dict[int, float]] = {}
+    if "target-disagg" in medians and "lab-disagg" in medians:
+        costs = {"target": disagg_cost(medians["target"], medians["target-disagg"]),
+                 "lab": disagg_cost(medians["lab"], medians["lab-disagg"])}
+        crow = [[str(c), _pct(costs["target"].get(c, math.nan)),
+                 _pct(costs["lab"].get(c, math.nan))]
+                for c in sorted(set(costs["target"]) | set(costs["lab"]))]
+        lines += ["## Disaggregation cost (req/s lost vs aggregated, of the medians)", "",
+                  md_table(["conc", "target", "lab"], crow) if crow else
+                  "No level at c=32 or c=128 in both sweeps.", ""]
+    if not kw["no_plots"]:
+        from lab.fidelity.plots import fidelity_plot
+
+        plot = fidelity_plot(list(medians.items()), run_dir / "plots" / "fidelity.png",
+                             f"ISL {workload.isl} / OSL {workload.osl}, medians of "
+                             f"{repeat} repeats")
+        lines += [f"![fidelity]({plot.relative_to(run_dir)})", ""]
+    lines += [f"Run directory: {run_dir} (`lab compare` overlays any repeat's sides).", ""]
+    text = "\n".join(lines)
+    (run_dir / "fidelity.md").write_text(text)
+    (run_dir / "fidelity.json").write_text(json.dumps(
+        {"repeat": repeat,
+         "gaps": {k: [g.to_dict() for g in v] for k, v in gaps.items() if k != "lab-disagg"},
+         "disagg_gaps": [g.to_dict() for g in gaps.get("lab-disagg", [])],
          "disagg_cost_pct": {k: {str(c): v for c, v in d.items()} for k, d in costs.items()}},
         indent=2, default=str) + "\n")
     return text

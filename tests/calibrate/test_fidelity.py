@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from lab.fidelity.gaps import METRICS
 from tests.calibrate.conftest import lab
@@ -72,3 +73,32 @@ def test_fidelity_puts_the_disagg_cost_beside_the_targets(
     md = (out / "fidelity.md").read_text()
     assert "## Disaggregation cost (req/s lost vs aggregated)" in md
     assert "## Disaggregated, level by level" in md
+
+
+def test_fidelity_repeats_each_side_in_turn_and_gives_the_gap_of_the_medians(
+        true_target: str, true_engine_args: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fid"
+    proc = lab("fidelity", "--target", true_target, "--engine-args", str(true_engine_args),
+               "--repeat", "2", "--seed", "7", "--prompt-kind", "token_ids", "--conc", "2",
+               "--requests", "6", "--isl", "64", "--osl", "8", "--no-plots",
+               "--in-process-client", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    order = [line.split(": ", 1)[1] for line in proc.stderr.splitlines()
+             if line.startswith("repeat ")]
+    assert order == ["target", "lab", "target", "lab"], proc.stderr
+    doc = json.loads((out / "fidelity.json").read_text())
+    assert doc["repeat"] == 2
+    levels = {(k, side): pd.read_csv(out / f"repeat-{k}" / side / "levels.csv")
+              .set_index("concurrency") for k in (1, 2) for side in ("target", "lab")}
+    seeds = {k: json.loads((out / f"repeat-{k}" / "lab" / "config.json").read_text())
+             ["sweep"]["workload"]["seed"] for k in (1, 2)}
+    assert seeds == {1: 7, 2: 8}  # new prompts each repeat: no prefix cache carries over
+    for g in doc["gaps"]["lab"]:
+        t = [levels[k, "target"].loc[2, g["metric"]] for k in (1, 2)]
+        x = [levels[k, "lab"].loc[2, g["metric"]] for k in (1, 2)]
+        assert g["target_repeats"] == t and g["lab_repeats"] == x
+        assert g["target"] == pytest.approx(sum(t) / 2) and g["lab"] == pytest.approx(sum(x) / 2)
+        assert g["low_pct"] <= g["gap_pct"] <= g["high_pct"]
+        assert g["verdict"] in VERDICTS
+    md = (out / "fidelity.md").read_text()
+    assert "95% interval" in md and "| 2 | ITL p50 (ms) |" in md

@@ -1,0 +1,114 @@
+"""`lab fidelity --repeat K`: each metric over K repeats of target and lab, in turn.
+
+One sweep of a closed loop can land in one of two modes at a level (a wave admitted in one
+engine pass or split over two, docs/fidelity.md "TTFT at c=32: waves, and the pass a wave
+misses"), so one sweep's gap can be a draw from either. Over repeats the gap is the ratio of
+the two sides' medians, with a 95% interval from a paired bootstrap (repeats resampled whole,
+so a repeat's drift, shared by both sides, stays paired); the median of the per-repeat gaps is
+shown beside it. The verdict words are those of one sweep (`gaps.verdict`), on the ratio of
+the medians. Pure: level tables in, rows out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.fidelity.gaps import METRICS, gap_pct, verdict
+
+#: bootstrap resamples of the repeats, and the seed that makes an interval reproducible
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 0
+INTERVAL = 0.95
+
+
+@dataclass(frozen=True)
+class RepeatGap:
+    """A metric at a level over the repeats: `target` and `lab` are the medians, `gap_pct`
+    their gap, `low_pct`..`high_pct` its interval, `repeat_gap_pct` the median of the
+    per-repeat gaps."""
+
+    concurrency: int
+    metric: str
+    label: str
+    target: float
+    lab: float
+    gap_pct: float
+    verdict: str
+    low_pct: float
+    high_pct: float
+    repeat_gap_pct: float
+    target_repeats: list[float]
+    lab_repeats: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def median_levels(repeats: list[pd.DataFrame]) -> pd.DataFrame:
+    """One row per concurrency: each compared metric's median over the repeats that have it."""
+    columns = [c for c, _ in METRICS]
+    frames = [r[["concurrency", *[c for c in columns if c in r]]] for r in repeats]
+    return pd.concat(frames).groupby("concurrency", as_index=False).median()
+
+
+def _per_repeat(repeats: list[pd.DataFrame], conc: int, column: str) -> list[float]:
+    out = []
+    for levels in repeats:
+        row = levels[levels["concurrency"] == conc]
+        v = float(row[column].iloc[0]) if not row.empty and column in row else math.nan
+        out.append(v)
+    return out
+
+
+def interval(target: list[float], lab: list[float]) -> tuple[float, float]:
+    """The INTERVAL bootstrap interval of gap_pct(median(target), median(lab)), in %,
+    resampling the paired repeats; NaN when fewer than two repeats have both values."""
+    pairs = np.array([(t, x) for t, x in zip(target, lab, strict=True)
+                      if math.isfinite(t) and math.isfinite(x)])
+    if len(pairs) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, len(pairs), size=(BOOTSTRAP_RESAMPLES, len(pairs)))
+    t_med = np.median(pairs[picks, 0], axis=1)
+    x_med = np.median(pairs[picks, 1], axis=1)
+    valid = t_med != 0
+    gaps = 100.0 * (x_med[valid] - t_med[valid]) / t_med[valid]
+    if not len(gaps):
+        return math.nan, math.nan
+    tail = 100.0 * (1.0 - INTERVAL) / 2.0
+    low, high = np.percentile(gaps, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def repeat_gaps(target: list[pd.DataFrame], lab: list[pd.DataFrame]) -> list[RepeatGap]:
+    """Every metric at every concurrency both sides measured, over paired repeats (repeat k of
+    `target` with repeat k of `lab`; a repeat that lacks the value on either side is left
+    out of that metric's figures)."""
+    if len(target) != len(lab):
+        raise ValueError(f"{len(target)} target repeats against {len(lab)} lab repeats")
+    levels = sorted(set().union(*(set(r["concurrency"]) for r in target))
+                    & set().union(*(set(r["concurrency"]) for r in lab)))
+    out = []
+    for c in levels:
+        for column, label in METRICS:
+            t, x = _per_repeat(target, int(c), column), _per_repeat(lab, int(c), column)
+            paired = [(a, b) for a, b in zip(t, x, strict=True)
+                      if math.isfinite(a) and math.isfinite(b)]
+            t_med = _nanmedian([a for a, _ in paired])
+            x_med = _nanmedian([b for _, b in paired])
+            g = gap_pct(t_med, x_med)
+            low, high = interval(t, x)
+            per_repeat = [gap_pct(a, b) for a, b in zip(t, x, strict=True)]
+            out.append(RepeatGap(int(c), column, label, t_med, x_med, g, verdict(g), low, high,
+                                 _nanmedian(per_repeat), t, x))
+    return out
+
+
+def _nanmedian(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.median(finite)) if finite else math.nan
