@@ -250,12 +250,7 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
     if "target-disagg" in runs and "lab-disagg" in runs:
         costs = {"target": disagg_cost(target, runs["target-disagg"].levels),
                  "lab": disagg_cost(runs["lab"].levels, runs["lab-disagg"].levels)}
-        crow = [[str(c), _pct(costs["target"].get(c, math.nan)),
-                 _pct(costs["lab"].get(c, math.nan))]
-                for c in sorted(set(costs["target"]) | set(costs["lab"]))]
-        lines += ["## Disaggregation cost (req/s lost vs aggregated)", "",
-                  md_table(["conc", "target", "lab"], crow) if crow else
-                  "No level at c=32 or c=128 in both sweeps.", ""]
+        lines += _cost_section(costs, "## Disaggregation cost (req/s lost vs aggregated)")
         dgaps = level_gaps(runs["target-disagg"].levels, runs["lab-disagg"].levels)
         lines += ["## Disaggregated, level by level", "",
                   md_table(["conc", "metric", "target", "lab", "gap", "verdict"],
@@ -279,6 +274,16 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
          "disagg_cost_pct": {k: {str(c): v for c, v in d.items()} for k, d in costs.items()}},
         indent=2, default=str) + "\n")
     return text
+
+
+def _cost_section(costs: dict[str, dict[int, float]], title: str) -> list[str]:
+    """The disaggregation cost of target and lab, side by side, under `title`."""
+    from lab.report.markdown import md_table
+
+    rows = [[str(c), _pct(costs["target"].get(c, math.nan)), _pct(costs["lab"].get(c, math.nan))]
+            for c in sorted(set(costs["target"]) | set(costs["lab"]))]
+    return [title, "", md_table(["conc", "target", "lab"], rows) if rows else
+            "No level at c=32 or c=128 in both sweeps.", ""]
 
 
 def _intro(workload: Any, kw: dict) -> list[str]:
@@ -328,12 +333,8 @@ def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) ->
     if "target-disagg" in medians and "lab-disagg" in medians:
         costs = {"target": disagg_cost(medians["target"], medians["target-disagg"]),
                  "lab": disagg_cost(medians["lab"], medians["lab-disagg"])}
-        crow = [[str(c), _pct(costs["target"].get(c, math.nan)),
-                 _pct(costs["lab"].get(c, math.nan))]
-                for c in sorted(set(costs["target"]) | set(costs["lab"]))]
-        lines += ["## Disaggregation cost (req/s lost vs aggregated, of the medians)", "",
-                  md_table(["conc", "target", "lab"], crow) if crow else
-                  "No level at c=32 or c=128 in both sweeps.", ""]
+        lines += _cost_section(
+            costs, "## Disaggregation cost (req/s lost vs aggregated, of the medians)")
     if not kw["no_plots"]:
         from lab.fidelity.plots import fidelity_plot
 

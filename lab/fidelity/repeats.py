@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from lab.fidelity.gaps import METRICS, gap_pct, verdict
+from lab.fidelity.gaps import METRICS, Gap, gap_pct, verdict
 
 #: bootstrap resamples of the repeats, and the seed that makes an interval reproducible
 BOOTSTRAP_RESAMPLES = 4000
@@ -27,26 +26,16 @@ INTERVAL = 0.95
 
 
 @dataclass(frozen=True)
-class RepeatGap:
+class RepeatGap(Gap):
     """A metric at a level over the repeats: `target` and `lab` are the medians, `gap_pct`
     their gap, `low_pct`..`high_pct` its interval, `repeat_gap_pct` the median of the
     per-repeat gaps."""
 
-    concurrency: int
-    metric: str
-    label: str
-    target: float
-    lab: float
-    gap_pct: float
-    verdict: str
     low_pct: float
     high_pct: float
     repeat_gap_pct: float
     target_repeats: list[float]
     lab_repeats: list[float]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def median_levels(repeats: list[pd.DataFrame]) -> pd.DataFrame:
