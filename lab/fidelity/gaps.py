@@ -55,7 +55,8 @@ class Gap:
         return dict(self.__dict__)
 
 
-def _value(levels: pd.DataFrame, conc: int, column: str) -> float:
+def level_value(levels: pd.DataFrame, conc: int, column: str) -> float:
+    """`column` at concurrency `conc` of a level table; NaN when missing or not a number."""
     row = levels[levels["concurrency"] == conc]
     if row.empty or column not in row:
         return math.nan
@@ -72,7 +73,7 @@ def level_gaps(target: pd.DataFrame, lab: pd.DataFrame) -> list[Gap]:
     out = []
     for c in levels:
         for column, label in METRICS:
-            t, x = _value(target, int(c), column), _value(lab, int(c), column)
+            t, x = level_value(target, int(c), column), level_value(lab, int(c), column)
             g = gap_pct(t, x)
             out.append(Gap(int(c), column, label, t, x, g, verdict(g)))
     return out
@@ -84,7 +85,7 @@ def disagg_cost(agg: pd.DataFrame, disagg: pd.DataFrame,
     (levels that either run lacks are left out)."""
     out = {}
     for c in levels:
-        a, d = _value(agg, c, "req_s"), _value(disagg, c, "req_s")
+        a, d = level_value(agg, c, "req_s"), level_value(disagg, c, "req_s")
         if math.isfinite(a) and math.isfinite(d) and a > 0:
             out[c] = 100.0 * (1.0 - d / a)
     return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lab.fidelity.gaps import METRICS, Gap, gap_pct, verdict
+from lab.fidelity.gaps import METRICS, Gap, gap_pct, level_value, verdict
 
 #: bootstrap resamples of the repeats, and the seed that makes an interval reproducible
 BOOTSTRAP_RESAMPLES = 4000
@@ -45,20 +45,16 @@ def median_levels(repeats: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames).groupby("concurrency", as_index=False).median()
 
 
-def _per_repeat(repeats: list[pd.DataFrame], conc: int, column: str) -> list[float]:
-    out = []
-    for levels in repeats:
-        row = levels[levels["concurrency"] == conc]
-        v = float(row[column].iloc[0]) if not row.empty and column in row else math.nan
-        out.append(v)
-    return out
+def _finite_pairs(target: list[float], lab: list[float]) -> list[tuple[float, float]]:
+    """The repeats that have the value on both sides."""
+    return [(t, x) for t, x in zip(target, lab, strict=True)
+            if math.isfinite(t) and math.isfinite(x)]
 
 
 def interval(target: list[float], lab: list[float]) -> tuple[float, float]:
     """The INTERVAL bootstrap interval of gap_pct(median(target), median(lab)), in %,
     resampling the paired repeats; NaN when fewer than two repeats have both values."""
-    pairs = np.array([(t, x) for t, x in zip(target, lab, strict=True)
-                      if math.isfinite(t) and math.isfinite(x)])
+    pairs = np.array(_finite_pairs(target, lab))
     if len(pairs) < 2:
         return math.nan, math.nan
     rng = np.random.default_rng(BOOTSTRAP_SEED)
@@ -85,9 +81,9 @@ def repeat_gaps(target: list[pd.DataFrame], lab: list[pd.DataFrame]) -> list[Rep
     out = []
     for c in levels:
         for column, label in METRICS:
-            t, x = _per_repeat(target, int(c), column), _per_repeat(lab, int(c), column)
-            paired = [(a, b) for a, b in zip(t, x, strict=True)
-                      if math.isfinite(a) and math.isfinite(b)]
+            t = [level_value(levels, int(c), column) for levels in target]
+            x = [level_value(levels, int(c), column) for levels in lab]
+            paired = _finite_pairs(t, x)
             t_med = _nanmedian([a for a, _ in paired])
             x_med = _nanmedian([b for _, b in paired])
             g = gap_pct(t_med, x_med)
