@@ -34,7 +34,9 @@ of its ids' bytes, and `ByteLevelDecoder` feeds them to Python's incremental UTF
 with its context twice. It holds back exactly where `IncrementalDecoder` does (text ending in
 U+FFFD, or inside a character), so the events and their text are the same;
 tests/serve/test_frontend_hf_tokenizer.py checks both against `tokenizers` on every id and on
-random id runs.
+random id runs. While nothing is held back, an ASCII chunk (most chunks are one token, and most
+tokens ASCII) is its own text and skips the UTF-8 decoder (docs/token-path.md
+"Change 6: an ASCII chunk skips the UTF-8 decoder").
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ class ByteLevelDecoder:
     """The stream decoder of a byte-level BPE (module docstring): the same events and text as
     `IncrementalDecoder`, one UTF-8 decode per chunk."""
 
-    __slots__ = ("_decode", "_held", "_pending", "_table")
+    __slots__ = ("_clean", "_decode", "_held", "_pending", "_table")
 
     def __init__(self, table: list[bytes]) -> None:
         self._table = table
@@ -187,24 +189,33 @@ class ByteLevelDecoder:
         self._decode = decoder.decode
         self._pending = decoder.getstate  # (bytes inside an unfinished character, flag)
         self._held = ""
+        #: nothing held back and no bytes of an unfinished character pending: an ASCII chunk
+        #: (most chunks: one token per chunk, and most tokens ASCII) is its own text, so the
+        #: step skips the incremental decoder (0.3 against 2.2 us per one-token step)
+        self._clean = True
 
     def step(self, ids: list[int]) -> str:
         table = self._table
         try:
-            data = b"".join([table[i] for i in ids])
+            data = table[ids[0]] if len(ids) == 1 else b"".join([table[i] for i in ids])
         except IndexError:  # an id outside the vocabulary: no text
             n = len(table)
             data = b"".join([table[i] for i in ids if i < n])
+        if self._clean and data.isascii():
+            return data.decode("ascii")
         text = self._held + self._decode(data)
         if self._pending()[0] or text.endswith(_REPLACEMENT):
             self._held = text  # wait for the token that completes (or follows) the character
+            self._clean = False
             return ""
         self._held = ""
+        self._clean = True
         return text
 
     def flush(self) -> str:
         text = self._held + self._decode(b"", True)
         self._held = ""
+        self._clean = True
         return text
 
 
