@@ -31,15 +31,25 @@ def step_cost_us(tok: HFTokenizer, chunks: list[list[int]], rounds: int) -> floa
     return best / len(chunks) * 1e6
 
 
+def count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", type=Path, required=True,
                     help="a model dir with tokenizer.json, or the file itself")
-    ap.add_argument("--tokens", type=int, default=20_000, help="steps per round")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=count, default=20_000, help="steps per round")
+    ap.add_argument("--rounds", type=count, default=5)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    tok = HFTokenizer(args.tokenizer)
+    try:
+        tok = HFTokenizer(args.tokenizer)
+    except ValueError as exc:
+        ap.error(str(exc))
     vocab = tok.vocab_size
     rng = random.Random(args.seed)
     chunks = [[rng.randrange(vocab)] for _ in range(args.tokens)]
