@@ -164,6 +164,20 @@ def test_a_first_token_burst_is_no_decode_step() -> None:
     assert decode_step_ms(frame) == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("burst", [[100.0, 101.5, 101.7, 101.9],  # the first gap late
+                                   [100.0, 100.2, 101.6, 101.8]])  # one inside it late
+def test_a_first_token_burst_with_a_late_token_is_no_decode_step(burst: list[float]) -> None:
+    """The same burst on a loaded machine: one of its gaps is 1.4-1.5 ms, longer than any
+    step's floor, and the burst still ends at its last token, not at that gap (a CI run's
+    floor probe fitted its sub-millisecond rest as a 0.56 ms step)."""
+    t = [*burst, 106.5, 116.5, 126.5]
+    frame = pd.DataFrame({
+        "ok": [True], "warmup": [False], "sent_ns": [0], "first_ns": [100 * MS],
+        "chunk_times_ns": [[int(x * MS) for x in t]],
+    })
+    assert decode_step_ms(frame) == pytest.approx(10.0)
+
+
 #: (T, rest, prefill, first decode) of Dynamo 1.6.1's calibration (docs/fidelity.md): TTFT
 #: minus the lab's path flat at ~35-41 ms while the prefill grows 17.5 -> 32.5 ms
 DYNAMO_LENGTHS = [(64, 41.1, 17.5, 0.0), (256, 37.8, 20.4, 0.0), (1024, 35.2, 32.5, 0.0),

@@ -31,12 +31,17 @@ def _wait_for_clients(proc: subprocess.Popen, timeout: float = 60.0) -> list[psu
     return clients
 
 
+#: a timed level far longer than the test: its prompts are made as they are sent, where a
+#: counted level of 100,000 requests built them all first (~20 s before any client started)
+ENDLESS_LEVEL = ("--duration", "300")
+
+
 def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_path: Path) -> None:
     server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "lab", "sweep", "--target", f"http://{server.address}",
-         "--model", "fake", "--conc", "2", "--client-procs", "2", "--requests", "100000",
+         "--model", "fake", "--conc", "2", "--client-procs", "2", *ENDLESS_LEVEL,
          "--osl", "64", "--out", str(out), "--no-plots"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # a normal foreground process: SIGINT not ignored (as it would be for a shell's `cmd &`)
@@ -68,7 +73,7 @@ def test_a_sigkilled_sweep_takes_its_client_processes_with_it(spawn, tmp_path: P
     server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "lab", "sweep", "--target", f"http://{server.address}",
-         "--model", "fake", "--conc", "2", "--client-procs", "2", "--requests", "100000",
+         "--model", "fake", "--conc", "2", "--client-procs", "2", *ENDLESS_LEVEL,
          "--osl", "64", "--out", str(tmp_path / "run"), "--no-plots", "--quiet"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
