@@ -2,8 +2,9 @@
 `lab sweep` without --target): its sidecars skip the serving grace after withdrawing.
 
 That grace (`lab sidecar --grace-period`, 5 s by default) keeps a withdrawn sidecar serving
-for frontends that have not seen the withdrawal yet. At a whole-stack teardown the stack's only
-frontend stops first, so the grace adds nothing but 5 s to every launched stack's teardown.
+for frontends that have not seen the withdrawal yet. It ends early once every frontend that had
+connected has closed its connections (`Sidecar._grace`), as at a whole-stack teardown; a stack
+whose frontend never connected to a sidecar would still wait it out, which this file rules out.
 Tests of the grace itself (tests/serve/test_sidecar_process.py) and of faults keep it."""
 
 from __future__ import annotations

@@ -241,6 +241,33 @@ async def test_sigterm_withdraws_then_exits_0(spawn, disc: Path, registry: FileR
     assert "exiting with code 0" in sidecar.log()
 
 
+async def test_the_grace_ends_once_no_connected_frontend_is_left(
+    spawn, disc: Path, registry: FileRegistry
+) -> None:
+    """A frontend connected at the withdrawal is still served during the grace (60 s here);
+    once its connection closes (a whole stack's teardown: its frontend stops too) nothing can
+    route here any more, and the sidecar exits without waiting out the grace."""
+    engine = spawn("engine-0", engine_argv())
+    sidecar = spawn(
+        "sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--grace-period", "60")
+    )
+    client = RequestPlaneClient(sidecar.address)
+    try:
+        _, end, _ = await collect(await client.open_stream(request("c-1", max_tokens=2)))
+        assert end["error"] is None
+        sidecar.signal(signal.SIGTERM)
+        await wait_gone(registry, "sidecar-0")
+        tokens, end, _ = await collect(await client.open_stream(request("c-2", max_tokens=4)))
+        assert end["error"] is None and len(tokens) == 4  # served in the grace
+        assert sidecar.popen.poll() is None
+    finally:
+        await client.close()
+    closed = time.monotonic()
+    assert await wait_exit(sidecar, timeout=30) == 0
+    assert time.monotonic() - closed < 15, "the sidecar waited out its grace period"
+    assert "the grace period ends early" in sidecar.log()
+
+
 @pytest.mark.parametrize("fault", ["not_serving", "kill"])
 async def test_engine_loss_withdraws_while_running_then_exits_1(
     spawn, disc: Path, registry: FileRegistry, fault: str

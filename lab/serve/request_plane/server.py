@@ -113,7 +113,7 @@ class _ServerConnection(FramedConnection):
             self.close(ValueError(f"unexpected frame type {ftype} from the client"))
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.server._connections.discard(self)
+        self.server._forget(self)
         streams, self.streams = self.streams, {}
         for sink in streams.values():
             sink._cancel()
@@ -128,6 +128,9 @@ class RequestPlaneServer:
         self.settings = settings or SocketSettings()
         self._listener: socket.socket | None = None
         self._connections: set[_ServerConnection] = set()
+        self._unconnected = asyncio.Event()  # set while no connection is open
+        self._unconnected.set()
+        self.ever_connected = False  # a client has connected at least once
         self._tg: asyncio.TaskGroup | None = None
         self._runner: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
@@ -181,9 +184,25 @@ class RequestPlaneServer:
                 # Explicitly, per accepted socket, both ways (the "server_nodelay" setting).
                 set_nodelay(sock, self.settings.server_nodelay)
                 self._connections.add(_ServerConnection(sock, self))
+                self._unconnected.clear()
+                self.ever_connected = True
             except OSError as exc:
                 log.warning("request plane: dropping a connection: %s", exc)
                 sock.close()
+
+    def _forget(self, conn: _ServerConnection) -> None:
+        self._connections.discard(conn)
+        if not self._connections:
+            self._unconnected.set()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a client (a frontend) has a connection open."""
+        return bool(self._connections)
+
+    async def wait_unconnected(self) -> None:
+        """Until no connection is open (at once if none is)."""
+        await self._unconnected.wait()
 
     def _spawn(self, request: dict, sink: StreamSink) -> None:
         tg = self._tg
@@ -226,3 +245,4 @@ class RequestPlaneServer:
         for conn in list(self._connections):
             conn.close()
         self._connections.clear()
+        self._unconnected.set()

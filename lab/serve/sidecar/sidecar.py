@@ -4,6 +4,7 @@ watch, and the two ways out (SIGTERM drain -> exit 0, engine lost -> exit 1)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -379,7 +380,7 @@ class Sidecar:
                 self.worker_id,
             )
             log.info(format_ready("sidecar", self.worker_id, address))
-            return await self._serve(registry, record)
+            return await self._serve(registry, record, server)
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -387,6 +388,26 @@ class Sidecar:
                 await server.close()
             await self.link.close()
             await registry.close()
+
+    @staticmethod
+    async def _grace(server: RequestPlaneServer, seconds: float) -> None:
+        """The serving grace after a withdrawal, for frontends that have not seen it yet.
+
+        Where frontends have connected, it ends as soon as none is connected: a frontend
+        routes over its connections, so once every one has closed no request is coming (at a
+        whole stack's teardown its frontend stops with the sidecars, often before this runs,
+        and the grace cost every launched stack 5 s). A frontend that has read the record but
+        never connected is the one it misses: its first request finds no listener and is
+        retried on another worker. Where no frontend ever connected, one may still come: the
+        whole grace."""
+        if not server.ever_connected:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await server.wait_unconnected()
+        if not server.connected:
+            log.info("no frontend connected: the grace period ends early")
 
     def _record(self, info: EngineInfo, address: str) -> WorkerRecord:
         facts = info.facts
@@ -403,7 +424,8 @@ class Sidecar:
             pid=os.getpid(),
         )
 
-    async def _serve(self, registry: Registry, record: WorkerRecord) -> int:
+    async def _serve(self, registry: Registry, record: WorkerRecord,
+                     server: RequestPlaneServer) -> int:
         cfg = self.config
         loss = self.loss
         assert loss is not None and self._stop is not None and self.link is not None
@@ -439,7 +461,7 @@ class Sidecar:
                     "withdrawn from discovery; serving for the %g s grace period",
                     cfg.grace_period_s,
                 )
-                await asyncio.sleep(cfg.grace_period_s)
+                await self._grace(server, cfg.grace_period_s)
                 self.admitting = False
                 log.info("refusing new requests; waiting for %d in flight", len(self._active))
                 if not await self._wait_idle(cfg.inflight_timeout_s):
