@@ -57,3 +57,20 @@ async def test_a_long_prompt_tokenizing_does_not_hold_other_requests() -> None:
         assert status == 200, body
     assert not [t for t in threading.enumerate() if t.name.startswith("tokenize")], \
         "the tokenizing threads outlived the frontend"
+
+
+async def test_a_long_token_id_prompt_is_parsed_on_the_loop() -> None:
+    """Token ids have no encode: a thread would only run Python, waiting for the GIL with the
+    loop, so such a prompt is parsed inline and the tokenizing pool is never started."""
+    tok = HeldTokenizer()
+    fleet = FakeFleet(FakeWorker("w0"))
+    server = FrontendServer(FrontendConfig(), registry=fleet, client_factory=fleet.client_factory,
+                            tokenizer=tok)
+    ids = list(range(1000, 1000 + OFFLOAD_BODY_BYTES // 4))  # a body well over the threshold
+    async with running(server) as url:
+        await server.workers.synced.wait()
+        status, body = await post(url, "/v1/completions", {
+            "model": MODEL, "prompt": ids, "max_tokens": 3})
+        assert status == 200, body
+        started = [t.name for t in threading.enumerate() if t.name.startswith("tokenize")]
+        assert not started, f"a token-id prompt was parsed in the tokenizing pool: {started}"
