@@ -51,13 +51,18 @@ def requests_for(conc: int) -> int:
 
 
 def lab_closed_loop(isl: int, osl: int, conc: int, n: int,
-                    engine_args: dict[str, Any] | None = None) -> Summary:
+                    engine_args: dict[str, Any] | None = None, *,
+                    turnaround_ms: float = 0.0, warmup: int = 0) -> Summary:
+    """`turnaround_ms`: a finished request's successor reaches the engine this long after the
+    pass that finished it ended (0: in time for the next pass, as Dynamo's replay adds it).
+    `warmup`: the first requests, left out of the summary."""
     sched = Scheduler(EngineArgs.from_json(dict(engine_args or DYNAMO_MOCKER_DEFAULTS)))
     rng = random.Random(1)
     arrived: dict[str, float] = {}
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     tokens: dict[str, int] = {}
+    due: list[float] = []  # arrival times of successors not yet at the engine, in order
 
     def add(now: float) -> None:
         key = f"r{len(arrived)}"
@@ -68,17 +73,26 @@ def lab_closed_loop(isl: int, osl: int, conc: int, n: int,
     now = 0.0
     for _ in range(min(conc, n)):
         add(now)
-    while sched.has_work(now):
+    while due or sched.has_work(now):
+        while due and due[0] <= now:
+            add(due.pop(0))
+        if not sched.has_work(now):
+            now = due[0]  # idle until the next successor arrives
+            continue
         res = sched.step(now)
         now += res.duration_ms
         for sig in res.signals:
             first.setdefault(sig.key, now)
             last[sig.key] = now
             tokens[sig.key] = tokens.get(sig.key, 0) + 1
-            if sig.completed and len(arrived) < n:
-                add(now)
-    ttft = [first[k] - arrived[k] for k in first]
-    tpot = [(last[k] - first[k]) / (tokens[k] - 1) for k in first if tokens[k] > 1]
+            if sig.completed and len(arrived) + len(due) < n:
+                if turnaround_ms > 0.0:
+                    due.append(now + turnaround_ms)
+                else:
+                    add(now)
+    keys = [k for k in first if int(k[1:]) >= warmup]
+    ttft = [first[k] - arrived[k] for k in keys]
+    tpot = [(last[k] - first[k]) / (tokens[k] - 1) for k in keys if tokens[k] > 1]
     return Summary(statistics.median(ttft), statistics.mean(ttft), statistics.median(tpot), now)
 
 
