@@ -40,7 +40,12 @@ from lab.serve.frontend.encode import (
 from lab.serve.frontend.errors import ApiError
 from lab.serve.frontend.httplog import RateLimitedLog
 from lab.serve.frontend.metrics import FrontendMetrics
-from lab.serve.frontend.protocol import GenRequest, parse_chat, parse_completion
+from lab.serve.frontend.protocol import (
+    GenRequest,
+    completion_prompt,
+    parse_chat,
+    parse_completion,
+)
 from lab.serve.frontend.trace import Trace
 from lab.serve.frontend.workers import AGGREGATED_ROLES, WorkerSet
 from lab.serve.frontend.writer import SseWriter, UnaryWriter
@@ -128,10 +133,7 @@ def _has_text(body: Any, endpoint: str) -> bool:
         return False
     if endpoint == "chat":
         return True
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]  # a batch of one, as parse_completion reads it
-    return isinstance(prompt, str)
+    return isinstance(completion_prompt(body), str)
 
 
 def _error(exc: ApiError) -> web.Response:

@@ -266,6 +266,15 @@ def _common(body: Any, endpoint: str, tokenizer: Tokenizer) -> GenRequest:
     return req
 
 
+def completion_prompt(body: dict[str, Any]) -> Any:
+    """The `prompt` of a /v1/completions body, a batch of one read as its single prompt (a
+    string or a list of token ids); unchecked otherwise."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        return prompt[0]
+    return prompt
+
+
 def parse_completion(
     body: Any,
     tokenizer: Tokenizer,
@@ -275,9 +284,7 @@ def parse_completion(
     """A /v1/completions body. `context_length` (from discovery): a longer prompt is a 400."""
     limit = None if context_length is None else max(0, context_length - 1)
     req = _common(body, "completions", tokenizer)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
+    prompt = completion_prompt(body)
     text_len = None
     if isinstance(prompt, str):
         ids = _check_ids(tokenizer.encode(prompt, limit), "prompt")
