@@ -93,7 +93,7 @@ class Side:
 def fidelity(**kw: Any) -> None:
     """Sweep --target and the lab's stack (with --engine-args) the same way, and compare.
 
-    Level by level: TTFT p50/p99, ITL p50, latency p50 and req/s of the target and of the lab,
+    Level by level: TTFT p50/mean/p99, ITL p50, latency p50 and req/s of the target and of the lab,
     the gap in % ((lab - target) / target) and a verdict per metric: within 5%, within 10%, or
     off. The target is swept first, then the lab stack is launched, swept and torn down. A
     target that keeps a prefix cache should be fresh (the same seed sends the same prompts).
