@@ -12,7 +12,7 @@ import pandas as pd
 
 #: (levels.csv column, the name shown): the metrics compared level by level. TTFT's mean is
 #: there because at a closed loop's wave boundary a level's TTFT is bimodal and its p50 falls
-#: on the boundary, where it swings 15-20% between runs of one stack; the mean moves little
+#: on the boundary, where it moved 20-24% between runs of one stack, the mean 8-9%
 #: (docs/fidelity.md "Measured gaps", the Intel Xeon run).
 METRICS: tuple[tuple[str, str], ...] = (
     ("ttft_ms_p50", "TTFT p50 (ms)"),
