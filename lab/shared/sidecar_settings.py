@@ -1,7 +1,8 @@
 """`lab sidecar`'s settings, defined once: its CLI and the launcher's sidecar argv come from here.
 
 The timing defaults are `lab.shared.settings.SidecarTiming` / `DiscoveryTiming`, the socket one
-`SocketSettings`; `lab.serve.sidecar.sidecar.SidecarConfig` is what the sidecar runs on.
+`SocketSettings`. The sidecar (`lab.serve.sidecar.sidecar.Sidecar`) runs on these settings
+themselves.
 """
 
 from __future__ import annotations

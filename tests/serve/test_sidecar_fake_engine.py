@@ -17,7 +17,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from lab.serve.discovery import open_registry
 from lab.serve.request_plane import FrameType, RequestPlaneClient
-from lab.serve.sidecar.sidecar import Sidecar, SidecarConfig
+from lab.serve.sidecar.sidecar import Sidecar
+from lab.shared.sidecar_settings import SidecarSettings
 from lab.wire.gen.openengine.v1 import (
     error_pb2,
     generation_pb2,
@@ -113,18 +114,17 @@ async def stack(tmp_path: Path, engine: FakeEngine, **overrides) -> AsyncIterato
     await server.start()
     settings = {
         "engine": f"127.0.0.1:{port}",
-        "listen_host": "127.0.0.1",
-        "listen_port": 0,
+        "listen": "127.0.0.1:0",
         "discovery": f"file:{tmp_path / 'disc'}",
         "worker_id": "sidecar-t",
-        "grace_period_s": 0.3,
-        "heartbeat_s": 0.1,
-        "ttl_s": 5,
-        "startup_deadline_s": 5,
-        "connect_attempt_timeout_s": 2,
+        "grace_period": 0.3,
+        "heartbeat": 0.1,
+        "ttl": 5,
+        "startup_deadline": 5,
+        "connect_attempt_timeout": 2,
         **overrides,
     }
-    sidecar = Sidecar(SidecarConfig(**settings))
+    sidecar = Sidecar(SidecarSettings(**settings))
     task = asyncio.create_task(sidecar.run())
     registry = open_registry(settings["discovery"])
     client: RequestPlaneClient | None = None
@@ -289,15 +289,13 @@ async def test_missing_context_length_is_a_startup_error(
 
 async def test_unreachable_engine_fails_at_the_startup_deadline(tmp_path: Path) -> None:
     sidecar = Sidecar(
-        SidecarConfig(
+        SidecarSettings(
             engine="127.0.0.1:1",
-            listen_host="127.0.0.1",
-            listen_port=0,
             discovery=f"file:{tmp_path}",
             worker_id="s",
-            startup_deadline_s=0.8,
-            connect_attempt_timeout_s=0.3,
-            retry_interval_s=0.1,
+            startup_deadline=0.8,
+            connect_attempt_timeout=0.3,
+            retry_interval=0.1,
         )
     )
     started = time.monotonic()
@@ -313,7 +311,7 @@ async def test_engine_loss_withdraws_cuts_and_exits_1(
     engine = FakeEngine()
     engine.script = slow_forever
     caplog.set_level(logging.INFO)
-    async with stack(tmp_path, engine, stale_load_s=0.5, grace_period_s=0.5) as (
+    async with stack(tmp_path, engine, stale_load=0.5, grace_period=0.5) as (
         _sidecar,
         task,
         client,
@@ -364,7 +362,7 @@ async def test_sigterm_drain_serves_during_grace_then_refuses_and_exits_0(tmp_pa
     engine.script = slowish
     # The grace period is long enough for r-grace on a loaded machine; r-long (>= 2.5 s: its
     # sleeps only get longer under load) is still in flight when the grace period ends.
-    async with stack(tmp_path, engine, grace_period_s=1.5) as (
+    async with stack(tmp_path, engine, grace_period=1.5) as (
         sidecar,
         task,
         client,
@@ -404,7 +402,7 @@ async def test_a_failing_withdraw_does_not_skip_the_drain(
 
     engine = FakeEngine()
     engine.script = slowish
-    async with stack(tmp_path, engine, grace_period_s=0.3) as (sidecar, task, client, _, _):
+    async with stack(tmp_path, engine, grace_period=0.3) as (sidecar, task, client, _, _):
         monkeypatch.setattr(FileRegistry, "withdraw", broken_withdraw)
         long_stream = await client.open_stream(request("r-long", max_tokens=10))
         await anext(long_stream)

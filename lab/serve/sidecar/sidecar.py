@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf import json_format
@@ -28,7 +27,9 @@ from lab.serve.sidecar.convert import (
 from lab.serve.sidecar.engine import EngineInfo, EngineLink, StartupError
 from lab.serve.sidecar.liveness import EngineLoss, LoadMonitor, watch_liveness
 from lab.serve.sidecar.progress import MessageCounter, StallCheck, probe_engine
-from lab.shared.settings import DiscoveryTiming, SidecarTiming, SocketSettings
+from lab.shared.settings import SocketSettings
+from lab.shared.sidecar_settings import SidecarSettings
+from lab.wire.address import split_address
 from lab.wire.h2grpc.client import UnaryStreamCall
 from lab.wire.ready import format_ready
 
@@ -38,28 +39,6 @@ NO_TERMINAL = "Generate ended before a terminal response"
 # Not published: per-rank detail, and the sample timestamp (it changes on every poll, so it
 # would make every heartbeat look like a change to discovery watchers).
 _SKIP_LOAD_FIELDS = frozenset({"ranks", "attributes", "timestamp_unix_nanos"})
-
-
-@dataclass(frozen=True)
-class SidecarConfig:
-    engine: str
-    listen_host: str
-    listen_port: int
-    discovery: str
-    worker_id: str
-    sockets: SocketSettings = field(default_factory=SocketSettings)
-    grace_period_s: float = SidecarTiming.grace_period_s
-    inflight_timeout_s: float = SidecarTiming.inflight_timeout_s
-    startup_deadline_s: float = SidecarTiming.startup_deadline_s
-    connect_attempt_timeout_s: float = SidecarTiming.connect_attempt_timeout_s
-    retry_interval_s: float = SidecarTiming.retry_interval_s
-    heartbeat_s: float = DiscoveryTiming.heartbeat_s
-    ttl_s: float = DiscoveryTiming.ttl_s
-    stale_load_s: float = SidecarTiming.stale_load_s
-    stall_s: float = SidecarTiming.stall_s
-    probe_timeout_s: float = SidecarTiming.probe_timeout_s
-    keepalive_s: float = SidecarTiming.keepalive_s
-    keepalive_timeout_s: float = SidecarTiming.keepalive_timeout_s
 
 
 def load_dict(load) -> dict:
@@ -81,9 +60,9 @@ class _Active:
 
 
 class Sidecar:
-    def __init__(self, config: SidecarConfig) -> None:
-        self.config = config
-        self.worker_id = config.worker_id
+    def __init__(self, settings: SidecarSettings) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id
         self.link: EngineLink | None = None
         self.facts: EngineFacts | None = None
         self.admitting = True
@@ -193,13 +172,13 @@ class Sidecar:
     ) -> None:
         """Poll GetLoad, publish it in the record (the heartbeat), feed the stale-load check."""
         assert self.link is not None
-        cfg = self.config
+        cfg = self.settings
         last_warn = float("-inf")
         while True:
-            await asyncio.sleep(cfg.heartbeat_s)
+            await asyncio.sleep(cfg.heartbeat)
             stall.load_asked(time.monotonic())
             try:
-                load = await self.link.load(timeout_s=max(1.0, cfg.heartbeat_s))
+                load = await self.link.load(timeout_s=max(1.0, cfg.heartbeat))
                 now = time.monotonic()
                 stamp = load.timestamp_unix_nanos if load.HasField("timestamp_unix_nanos") else None
                 monitor.sample(load.instance_id, stamp, now)
@@ -223,7 +202,7 @@ class Sidecar:
         self, registry: Registry, record: WorkerRecord, stall: StallCheck
     ) -> None:
         """Withdraw when the engine stops making progress; register again once it serves."""
-        tick = min(0.25, self.config.stall_s / 4)
+        tick = min(0.25, self.settings.stall / 4)
         while True:
             await asyncio.sleep(tick)
             reason = stall.check(self.received.messages, len(self._active), time.monotonic())
@@ -239,7 +218,7 @@ class Sidecar:
         assert self.link is not None
         while True:
             frozen = await watch_liveness(
-                self.link.channel, loss, self.config.connect_attempt_timeout_s
+                self.link.channel, loss, self.settings.connect_attempt_timeout
             )
             if frozen is None:
                 return
@@ -303,7 +282,7 @@ class Sidecar:
         last_log = float("-inf")
         while True:
             attempt += 1
-            bound = min(self.config.probe_timeout_s, max(0.1, deadline - time.monotonic()))
+            bound = min(self.settings.probe_timeout, max(0.1, deadline - time.monotonic()))
             reason = await probe_engine(self.link, self.facts, bound, attempt)
             if reason is None:
                 return None
@@ -312,14 +291,14 @@ class Sidecar:
                 return reason
             if now - last_log >= 30.0:
                 last_log = now
-                log.warning("engine %s cannot serve yet: %s", self.config.engine, reason)
+                log.warning("engine %s cannot serve yet: %s", self.settings.engine, reason)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Returns the exit code."""
         loop = asyncio.get_running_loop()
-        cfg = self.config
+        cfg = self.settings
         self._stop = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -336,14 +315,14 @@ class Sidecar:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
 
-        registry = open_registry(cfg.discovery, ttl_s=cfg.ttl_s)
-        self.link = EngineLink(cfg.engine, cfg.keepalive_s, cfg.keepalive_timeout_s)
+        registry = open_registry(cfg.discovery, ttl_s=cfg.ttl)
+        self.link = EngineLink(cfg.engine, cfg.keepalive, cfg.keepalive_timeout)
         server: RequestPlaneServer | None = None
         try:
             try:
-                deadline = time.monotonic() + cfg.startup_deadline_s
+                deadline = time.monotonic() + cfg.startup_deadline
                 info = await self.link.handshake(
-                    deadline, cfg.connect_attempt_timeout_s, cfg.retry_interval_s
+                    deadline, cfg.connect_attempt_timeout, cfg.retry_interval
                 )
             except StartupError as exc:
                 log.error("start-up failed: %s", exc)
@@ -362,8 +341,10 @@ class Sidecar:
                 return 1
             starting = False
             self.loss = EngineLoss(info.facts.instance_id)
-            server = RequestPlaneServer(self.handle, cfg.sockets)
-            address = await server.start(cfg.listen_host, cfg.listen_port)
+            server = RequestPlaneServer(
+                self.handle, SocketSettings(server_nodelay=cfg.server_nodelay)
+            )
+            address = await server.start(*split_address(cfg.listen, allow_port_zero=True))
             record = self._record(info, address)
             try:
                 record.load = {**load_dict(await self.link.load(5.0)), "in_flight": 0}
@@ -426,11 +407,11 @@ class Sidecar:
 
     async def _serve(self, registry: Registry, record: WorkerRecord,
                      server: RequestPlaneServer) -> int:
-        cfg = self.config
+        cfg = self.settings
         loss = self.loss
         assert loss is not None and self._stop is not None and self.link is not None
-        monitor = LoadMonitor(loss, record.instance_id, cfg.stale_load_s, time.monotonic())
-        stall = StallCheck(cfg.stall_s, time.monotonic())
+        monitor = LoadMonitor(loss, record.instance_id, cfg.stale_load, time.monotonic())
+        stall = StallCheck(cfg.stall, time.monotonic())
         async with asyncio.TaskGroup() as tg:
             heartbeat = tg.create_task(self._heartbeat(registry, record, monitor, stall))
             stall_watch = tg.create_task(self._stall_watch(registry, record, stall))
@@ -451,20 +432,20 @@ class Sidecar:
             if lost:
                 exit_code = 1
                 log.error(loss.message())
-                log.info("withdrawn from discovery; draining for up to %g s", cfg.grace_period_s)
+                log.info("withdrawn from discovery; draining for up to %g s", cfg.grace_period)
                 self.admitting = False
-                if not await self._wait_idle(cfg.grace_period_s):
+                if not await self._wait_idle(cfg.grace_period):
                     self._cut_active(f"{loss.message()}; the request could not finish")
             else:
                 exit_code = 0
                 log.info(
                     "withdrawn from discovery; serving for the %g s grace period",
-                    cfg.grace_period_s,
+                    cfg.grace_period,
                 )
-                await self._grace(server, cfg.grace_period_s)
+                await self._grace(server, cfg.grace_period)
                 self.admitting = False
                 log.info("refusing new requests; waiting for %d in flight", len(self._active))
-                if not await self._wait_idle(cfg.inflight_timeout_s):
+                if not await self._wait_idle(cfg.inflight_timeout):
                     self._cut_active(f"worker {self.worker_id} stopped (drain timeout)")
                 if loss.resolved:
                     log.warning("%s (during the drain; exit code stays 0)", loss.message())
