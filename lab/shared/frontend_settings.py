@@ -1,5 +1,5 @@
 """`lab frontend`'s settings, defined once: its CLI and the launcher's frontend argv come from
-here. `lab.serve.frontend.config.FrontendConfig` is what the frontend runs on."""
+here, and the frontend (`lab.serve.frontend.server.FrontendServer`) runs on them."""
 
 from __future__ import annotations
 
@@ -137,3 +137,13 @@ class FrontendSettings(Settings):
     log_level: str = setting(
         DEFAULT_LOG_LEVEL, "Log level (info logs one line per finished request).",
         choices=LOG_LEVELS, case_sensitive=False)
+
+    @property
+    def sockets(self) -> SocketSettings:
+        """The socket options these settings give the frontend's connections."""
+        return SocketSettings(
+            client_nodelay=self.client_nodelay,
+            split_writes=self.split_writes,
+            pool_size=self.pool_size,
+            http_nodelay=self.http_nodelay,
+        )

@@ -20,6 +20,7 @@ from lab.serve.discovery.base import Registry, WorkerRecord
 from lab.serve.request_plane import FrameType, error_end
 from lab.serve.request_plane.api import PlaneClient, PlaneStream
 from lab.serve.request_plane.payloads import ChunkPayload, EndPayload, Usage, end_payload
+from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.settings import DEFAULT_MODEL, SocketSettings
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
@@ -202,6 +203,12 @@ class FakeFleet(Registry):
             self._changed.clear()
             yield await self.list()
             await self._changed.wait()
+
+
+def fleet_settings(**options: Any) -> FrontendSettings:
+    """A frontend's settings for a server given a FakeFleet as its registry (its `discovery` is
+    never opened)."""
+    return FrontendSettings(discovery="file:unused-the-fleet-is-the-registry", **options)
 
 
 def _conforms(client: FakeClient, stream: FakeStream) -> tuple[PlaneClient, PlaneStream]:

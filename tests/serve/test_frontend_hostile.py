@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.server import FrontendServer, running
-from tests.serve.fakes import FakeFleet, FakeWorker
+from tests.serve.fakes import FakeFleet, FakeWorker, fleet_settings
 
 MODEL = "mocker-model"
 CONTEXT = 64
@@ -27,7 +26,7 @@ BIG = 18446744073709551616  # 2**64
 
 @contextlib.asynccontextmanager
 async def frontend(fleet: FakeFleet, **options: Any) -> AsyncIterator[tuple[str, int]]:
-    server = FrontendServer(FrontendConfig(**options), registry=fleet,
+    server = FrontendServer(fleet_settings(**options), registry=fleet,
                             client_factory=fleet.client_factory)
     async with running(server) as url:
         await server.workers.synced.wait()
@@ -232,7 +231,7 @@ async def test_malformed_http_is_one_warning_line_and_cannot_flood_the_log(
 
 async def test_a_content_length_lie_gets_408_and_the_connection_closes() -> None:
     fleet = FakeFleet(FakeWorker("w0"))
-    async with frontend(fleet, body_timeout_s=0.5) as addr:
+    async with frontend(fleet, body_timeout=0.5) as addr:
         started = time.monotonic()
         response = await exchange(addr, post(C, b'{"model"', length=1000), timeout=15)
         assert status_of(response) == 408 and b"did not arrive within 0.5 s" in response
@@ -244,7 +243,7 @@ async def test_the_connection_closes_when_the_body_timeout_says() -> None:
     """The close follows the 408 at once: no extra lingering read of a body that never comes
     (aiohttp's default would keep the socket 10 s longer)."""
     fleet = FakeFleet(FakeWorker("w0"))
-    async with frontend(fleet, body_timeout_s=0.5) as addr:
+    async with frontend(fleet, body_timeout=0.5) as addr:
         reader, writer = await asyncio.open_connection(*addr)
         writer.write(post(C, b'{"model"', length=1000))
         started = time.monotonic()
@@ -258,7 +257,7 @@ async def test_the_connection_closes_when_the_body_timeout_says() -> None:
 
 async def test_idle_and_slowloris_connections_are_closed() -> None:
     fleet = FakeFleet(FakeWorker("w0"))
-    async with frontend(fleet, idle_timeout_s=0.5) as addr:
+    async with frontend(fleet, idle_timeout=0.5) as addr:
         for opening in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: lab\r\nX-Slow: "):
             reader, writer = await asyncio.open_connection(*addr)
             writer.write(opening)

@@ -12,11 +12,15 @@ import aiohttp
 import orjson
 import pytest
 
-from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.server import FrontendServer, running
 from lab.serve.tokenizer import word_token_id
-from lab.shared.settings import SocketSettings
-from tests.serve.fakes import FakeFleet, FakeWorker, error_behavior, stall_behavior
+from tests.serve.fakes import (
+    FakeFleet,
+    FakeWorker,
+    error_behavior,
+    fleet_settings,
+    stall_behavior,
+)
 from tests.waiting import wait_for
 
 MODEL = "mocker-model"
@@ -24,7 +28,7 @@ MODEL = "mocker-model"
 
 @contextlib.asynccontextmanager
 async def frontend(fleet: FakeFleet, **options: Any) -> AsyncIterator[str]:
-    config = FrontendConfig(**options)
+    config = fleet_settings(**options)
     server = FrontendServer(config, registry=fleet, client_factory=fleet.client_factory)
     async with running(server) as url:
         await server.workers.synced.wait()
@@ -564,7 +568,7 @@ async def test_one_log_line_per_request_names_both_workers(
 @pytest.mark.parametrize("nodelay", [True, False])
 async def test_http_nodelay_reaches_accepted_socket(nodelay: bool) -> None:
     fleet = FakeFleet(FakeWorker("w0"))
-    async with frontend(fleet, sockets=SocketSettings(http_nodelay=nodelay),
+    async with frontend(fleet, http_nodelay=nodelay,
                         debug_endpoints=True) as url:
         status, raw = await get(url, "/debug/conn")
     assert status == 200
@@ -574,7 +578,7 @@ async def test_http_nodelay_reaches_accepted_socket(nodelay: bool) -> None:
 async def test_sigterm_style_stop_finishes_in_flight_requests() -> None:
     worker = FakeWorker("w0", delay_s=0.02)
     fleet = FakeFleet(worker)
-    config = FrontendConfig(shutdown_grace_s=5)
+    config = fleet_settings(shutdown_grace=5)
     server = FrontendServer(config, registry=fleet, client_factory=fleet.client_factory)
     stop = asyncio.Event()
     ready = asyncio.Event()

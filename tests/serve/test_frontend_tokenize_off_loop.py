@@ -7,10 +7,9 @@ import asyncio
 import threading
 
 from lab.serve.frontend.app import OFFLOAD_BODY_BYTES
-from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.server import FrontendServer, running
 from lab.serve.tokenizer import WordTokenizer
-from tests.serve.fakes import FakeFleet, FakeWorker
+from tests.serve.fakes import FakeFleet, FakeWorker, fleet_settings
 from tests.serve.test_frontend_http import MODEL, post
 
 #: the encode of the long prompt gives up waiting after this (the test then fails, not hangs)
@@ -38,7 +37,7 @@ class HeldTokenizer(WordTokenizer):
 async def test_a_long_prompt_tokenizing_does_not_hold_other_requests() -> None:
     tok = HeldTokenizer()
     fleet = FakeFleet(FakeWorker("w0"))
-    server = FrontendServer(FrontendConfig(), registry=fleet, client_factory=fleet.client_factory,
+    server = FrontendServer(fleet_settings(), registry=fleet, client_factory=fleet.client_factory,
                             tokenizer=tok)
     long_prompt = "held " + "word " * (OFFLOAD_BODY_BYTES // 5)
     async with running(server) as url:
@@ -64,7 +63,7 @@ async def test_a_long_token_id_prompt_is_parsed_on_the_loop() -> None:
     loop, so such a prompt is parsed inline and the tokenizing pool is never started."""
     tok = HeldTokenizer()
     fleet = FakeFleet(FakeWorker("w0"))
-    server = FrontendServer(FrontendConfig(), registry=fleet, client_factory=fleet.client_factory,
+    server = FrontendServer(fleet_settings(), registry=fleet, client_factory=fleet.client_factory,
                             tokenizer=tok)
     ids = list(range(1000, 1000 + OFFLOAD_BODY_BYTES // 4))  # a body well over the threshold
     async with running(server) as url:

@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS, FrontendConfig
+from lab.serve.frontend.config import DEFAULT_COMPLETIONS_MAX_TOKENS
 from lab.serve.frontend.dispatch import Dispatcher
 from lab.serve.frontend.encode import (
     DONE,
@@ -50,6 +50,7 @@ from lab.serve.frontend.trace import Trace
 from lab.serve.frontend.workers import AGGREGATED_ROLES, WorkerSet
 from lab.serve.frontend.writer import SseWriter, UnaryWriter
 from lab.serve.tokenizer import Tokenizer
+from lab.shared.frontend_settings import FrontendSettings
 
 log = logging.getLogger("lab.frontend")
 
@@ -146,7 +147,7 @@ def _error(exc: ApiError) -> web.Response:
 class FrontendApp:
     def __init__(
         self,
-        config: FrontendConfig,
+        config: FrontendSettings,
         workers: WorkerSet,
         dispatcher: Dispatcher,
         tokenizer: Tokenizer,
@@ -298,7 +299,7 @@ class FrontendApp:
                 f"request body of {length} bytes exceeds the limit of {limit} bytes",
                 code="body_too_large",
             )
-        timeout = self.config.body_timeout_s
+        timeout = self.config.body_timeout
         try:
             async with asyncio.timeout(timeout):
                 raw = await request.read()

@@ -9,11 +9,9 @@ import sys
 
 import click
 
-from lab.serve.frontend.config import FrontendConfig
+from lab.serve.frontend.config import FRONTEND_ID
 from lab.shared.config_cli import options
 from lab.shared.frontend_settings import FrontendSettings
-from lab.shared.settings import SocketSettings
-from lab.wire.address import split_address
 from lab.wire.ready import format_ready
 
 
@@ -37,30 +35,6 @@ def frontend(settings: FrontendSettings) -> None:
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
 
-    host, port = split_address(s.listen, allow_port_zero=True)
-    config = FrontendConfig(
-        listen_host=host,
-        listen_port=port,
-        discovery=s.discovery,
-        router=s.router,
-        sockets=SocketSettings(
-            client_nodelay=s.client_nodelay,
-            split_writes=s.split_writes,
-            pool_size=s.pool_size,
-            http_nodelay=s.http_nodelay,
-        ),
-        enforce_disagg=s.enforce_disagg,
-        migration_limit=s.migration_limit,
-        expect=dict(s.expect),
-        tokenizer=s.tokenizer,
-        model_name=s.model_name,
-        max_body_bytes=s.max_body_bytes,
-        shutdown_grace_s=s.shutdown_grace,
-        idle_timeout_s=s.idle_timeout,
-        body_timeout_s=s.body_timeout,
-        max_connections=s.max_connections,
-        debug_endpoints=s.debug_endpoints,
-    )
     logging.basicConfig(
         stream=sys.stderr,
         level=getattr(logging, s.log_level.upper()),
@@ -69,13 +43,13 @@ def frontend(settings: FrontendSettings) -> None:
     import uvloop
 
     try:
-        uvloop.run(_main(config, registry, tokenizer))
+        uvloop.run(_main(s, registry, tokenizer))
     except OSError as exc:  # e.g. the address is in use
         logging.getLogger("lab.frontend").error("cannot serve on %s: %s", s.listen, exc)
         sys.exit(1)
 
 
-async def _main(config: FrontendConfig, registry: object, tokenizer: object) -> None:
+async def _main(settings: FrontendSettings, registry: object, tokenizer: object) -> None:
     from lab.serve.frontend.server import FrontendServer
 
     log = logging.getLogger("lab.frontend")
@@ -83,8 +57,8 @@ async def _main(config: FrontendConfig, registry: object, tokenizer: object) -> 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = FrontendServer(config, registry=registry, tokenizer=tokenizer)  # type: ignore[arg-type]
+    server = FrontendServer(settings, registry=registry, tokenizer=tokenizer)  # type: ignore[arg-type]
     await server.serve(
-        stop, lambda addr: log.info(format_ready("frontend", config.frontend_id, addr))
+        stop, lambda addr: log.info(format_ready("frontend", FRONTEND_ID, addr))
     )
     log.info("frontend stopped")

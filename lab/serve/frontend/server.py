@@ -1,9 +1,9 @@
 """The frontend process: bind HTTP, follow discovery, serve until told to stop.
 
 Shutdown (SIGTERM/SIGINT -> `stop` set): the listener closes (no new connections), idle
-keep-alive connections close, in-flight requests get `shutdown_grace_s` to finish (then they are
-cancelled, which cancels their request-plane streams), the discovery loops stop, and the
-request-plane clients close.
+keep-alive connections close, in-flight requests get `shutdown_grace` seconds to finish (then
+they are cancelled, which cancels their request-plane streams), the discovery loops stop, and
+the request-plane clients close.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from aiohttp import web
 
 from lab.serve.discovery import Registry, open_registry
 from lab.serve.frontend.app import FrontendApp
-from lab.serve.frontend.config import FrontendConfig
 from lab.serve.frontend.dispatch import Dispatcher
 from lab.serve.frontend.httplog import RateLimitedLog, install_bad_request_filter
 from lab.serve.frontend.workers import ClientFactory, WorkerSet
 from lab.serve.router import make_router
 from lab.serve.tokenizer import Tokenizer, load_tokenizer
+from lab.shared.frontend_settings import FrontendSettings
+from lab.wire.address import split_address
 
 log = logging.getLogger("lab.frontend")
 
@@ -80,14 +81,16 @@ def apply_connection_cap(server: web.Server, cap: int) -> None:
 class FrontendServer:
     def __init__(
         self,
-        config: FrontendConfig,
+        config: FrontendSettings,
         *,
         registry: Registry | None = None,
         client_factory: ClientFactory | None = None,
         tokenizer: Tokenizer | None = None,
     ) -> None:
         self.config = config
-        self.registry = registry if registry is not None else open_registry(config.discovery)
+        if registry is None:
+            registry = open_registry(config.discovery, ttl_s=config.discovery_ttl)
+        self.registry = registry
         self.workers = WorkerSet(self.registry, config.sockets, client_factory)
         self.dispatcher = Dispatcher(
             self.workers,
@@ -109,15 +112,16 @@ class FrontendServer:
             self.app.build(),
             handler_cancellation=True,
             access_log=None,
-            shutdown_timeout=cfg.shutdown_grace_s,
-            keepalive_timeout=cfg.idle_timeout_s,
+            shutdown_timeout=cfg.shutdown_grace,
+            keepalive_timeout=cfg.idle_timeout,
             # Bodies are decompressed by FrontendApp (bounded, errors as 400), not by the parser.
             auto_decompress=False,
         )
         await runner.setup()
         apply_http_nodelay(runner.server, cfg.sockets.http_nodelay)  # type: ignore[arg-type]
         apply_connection_cap(runner.server, cfg.max_connections)  # type: ignore[arg-type]
-        site = web.TCPSite(runner, cfg.listen_host, cfg.listen_port, backlog=1024)
+        host, port = split_address(cfg.listen, allow_port_zero=True)
+        site = web.TCPSite(runner, host, port, backlog=1024)
         try:
             await site.start()
         except BaseException:
