@@ -46,38 +46,17 @@ def serve(settings: EngineSettings) -> None:
     the fault-injection service on its own address)."""
     s = settings
     try:
-        args = sc.load_engine_args(
-            s.engine_args, speedup_ratio=s.speedup_ratio,
-            decode_speedup_ratio=s.decode_speedup_ratio,
-        )
+        cfg = sc.ServerConfig.from_settings(s)
     except (ValueError, TypeError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--engine-args'") from None
     try:
         allowed_ids(s.tokenizer or "", s.vocab_size or 0)  # a bad file fails here, in one line
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--tokenizer'") from None
-    cfg = sc.ServerConfig(
-        role=s.role,
-        model=s.model,
-        seed=s.seed,
-        tokenizer=s.tokenizer or "",
-        vocab_size=s.vocab_size or 0,
-        context_length=s.context_length,
-        max_concurrent_requests=s.max_concurrent_requests,
-        kv_host=s.kv_host,
-        kv_port=s.kv_port,
-        instance_id=s.instance_id or "",
-        record_requests=s.record_requests,
-        stall_timeout_s=s.stall_timeout,
-        grace_s=s.grace,
-        stream_interval=s.stream_interval,
-        run_ahead=s.run_ahead,
-        engine=args,
-    )
     _setup_logging(s.log_level)
     from mocker.server.app import serve as serve_async
 
-    sys.exit(_run(serve_async(cfg, s.listen, s.admin_listen)))
+    sys.exit(_run(serve_async(cfg)))
 
 
 @main.command()

@@ -1,7 +1,8 @@
 """`mocker serve`'s settings, defined once: its CLI and the launcher's engine argv come from here.
 
 The engine's own simulation settings (scheduler, KV pool, timing) are `mocker.engine.EngineArgs`,
-passed as `--engine-args` JSON; `mocker.server.config.ServerConfig` is what the server runs on.
+passed as `--engine-args` JSON; the server runs on these settings and the engine args they name
+(`mocker.server.config.ServerConfig`).
 """
 
 from __future__ import annotations

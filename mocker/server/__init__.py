@@ -4,7 +4,8 @@ serves it; docs/mocker.md).
 Modules, one job each:
 
 * `app`         - assemble the grpc.aio server, run it, graceful stop (SIGTERM/SIGINT).
-* `config`      - server defaults (`ServerConfig`); engine defaults live in mocker.engine.config.
+* `config`      - what the server runs on (`ServerConfig`: its settings, the engine args they
+                  name) and the wire server's constants; engine defaults: mocker.engine.config.
 * `validation`  - request preparation: every pre-acceptance check, as gRPC statuses, in order.
 * `handoff`     - the prefill stamp and the decode leg's strict KvSessionRef validation.
 * `engine_loop` - the asyncio task that owns the Scheduler, paced by absolute deadlines; when

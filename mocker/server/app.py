@@ -49,15 +49,10 @@ SERVER_OPTIONS = [
 class MockerServer:
     """The server and its state; `start()` binds, `run_until_stopped()` serves until stop()."""
 
-    def __init__(
-        self,
-        cfg: ServerConfig,
-        listen: str,
-        admin_listen: str | None = None,
-    ) -> None:
+    def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
-        self.listen = listen
-        self.admin_listen = admin_listen
+        self.listen = cfg.settings.listen
+        self.admin_listen = admin_listen = cfg.settings.admin_listen
         fastwire.warm()
         self.health = HealthServicer(wc.HEALTH_SERVICES, NOT_SERVING)
         self.state = ServerState(cfg, Scheduler(cfg.engine), self.health)
@@ -94,7 +89,7 @@ class MockerServer:
 
     async def _watchdog(self) -> None:
         loop = asyncio.get_running_loop()
-        period = max(0.05, min(1.0, self.cfg.stall_timeout_s / 4))
+        period = max(0.05, min(1.0, self.cfg.settings.stall_timeout / 4))
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), period)
@@ -120,9 +115,9 @@ class MockerServer:
             if on_ready is not None:
                 on_ready(self.address)
             await self._stop.wait()
-            log.info("stopping: liveness NOT_SERVING, grace %.1f s", self.cfg.grace_s)
+            log.info("stopping: liveness NOT_SERVING, grace %.1f s", self.cfg.settings.grace)
             self.health.enter_graceful_shutdown()
-            await self.server.stop(self.cfg.grace_s)
+            await self.server.stop(self.cfg.settings.grace)
             if self.admin_server is not None:
                 await self.admin_server.stop(0)
             self.state.engine.stop()
@@ -142,13 +137,13 @@ class MockerServer:
         )
 
 
-async def serve(cfg: ServerConfig, listen: str, admin_listen: str | None = None) -> int:
+async def serve(cfg: ServerConfig) -> int:
     """Run `mocker serve` until SIGTERM/SIGINT; returns the exit code."""
-    server = MockerServer(cfg, listen, admin_listen=admin_listen)
+    server = MockerServer(cfg)
     try:
         address = await server.start()
     except OSError as exc:
-        log.error("cannot listen on %s: %s", listen, exc)
+        log.error("cannot listen on %s: %s", server.listen, exc)
         return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -160,8 +155,8 @@ async def serve(cfg: ServerConfig, listen: str, admin_listen: str | None = None)
 
     log.info(
         "role=%s model=%s speedup=%g engine_args=%s",
-        cfg.role,
-        cfg.model,
+        cfg.settings.role,
+        cfg.settings.model,
         cfg.engine.speedup_ratio,
         cfg.engine.to_json(),
     )

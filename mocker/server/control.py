@@ -58,9 +58,9 @@ class Control(openengine_pb2_grpc.ControlServicer):
         return server_pb2.ServerInfo(
             engine_name=ENGINE_NAME,
             engine_version=self._version,
-            engine_role=_ROLES[cfg.role],
+            engine_role=_ROLES[cfg.settings.role],
             instance_id=cfg.instance_id,
-            supported_models=[cfg.model],
+            supported_models=[cfg.settings.model],
             parallelism=server_pb2.ParallelismInfo(
                 tensor_parallel_size=1,
                 pipeline_parallel_size=1,
@@ -70,11 +70,13 @@ class Control(openengine_pb2_grpc.ControlServicer):
                 decode_context_parallel_size=1,
             ),
             kv_connector=kv_pb2.KvConnectorInfo(
-                enabled=cfg.role != "aggregated",
+                enabled=cfg.settings.role != "aggregated",
                 transfer_backend=wc.MOCKER_TRANSFER_BACKEND,
                 local_endpoints=[
                     kv_pb2.KvEndpoint(
-                        host=cfg.kv_host, port=cfg.kv_port, protocol=wc.MOCKER_KV_PROTOCOL
+                        host=cfg.settings.kv_host,
+                        port=cfg.settings.kv_port,
+                        protocol=wc.MOCKER_KV_PROTOCOL,
                     )
                 ],
                 supported_protocols=[wc.MOCKER_KV_PROTOCOL],
@@ -99,9 +101,9 @@ class Control(openengine_pb2_grpc.ControlServicer):
             supported=True, candidate_selection_modes=_CANDIDATE_MODES, max_top_n=MAX_TOP_N
         )
         return model_pb2.ModelInfo(
-            model_id=cfg.model,
-            served_model_name=request.model or cfg.model,
-            max_context_length=cfg.context_length,
+            model_id=cfg.settings.model,
+            served_model_name=request.model or cfg.settings.model,
+            max_context_length=cfg.settings.context_length,
             max_output_tokens=MAX_OUTPUT_TOKENS,
             supports_text_input=False,
             supports_token_ids_input=True,
@@ -131,7 +133,7 @@ class Control(openengine_pb2_grpc.ControlServicer):
             used_kv_blocks=m.used_blocks,
             total_kv_blocks=m.total_blocks,
         )
-        if st.cfg.role != "aggregated":
+        if st.cfg.settings.role != "aggregated":
             info.active_kv_sessions = sum(1 for live in st.by_key.values() if live.has_session)
         return info
 

@@ -90,13 +90,13 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
         if exit_ is Exit.COMPLETED and prep.context_only:
             cfg = self._st.cfg
             session = stamp_session(
-                seed=cfg.seed,
+                seed=cfg.settings.seed,
                 request_id=rid,
                 prompt_tokens=prompt_len,
                 first_token=first_token,
                 first_logprob=first_logprob if prep.output_logprobs else None,
-                kv_host=cfg.kv_host,
-                kv_port=cfg.kv_port,
+                kv_host=cfg.settings.kv_host,
+                kv_port=cfg.settings.kv_port,
             )
             return GenerateResponse(
                 request_id=rid,
@@ -128,7 +128,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                 code=error_pb2.ERROR_CODE_OVERLOADED,
                 message=(
                     f"the client did not drain the response stream for "
-                    f"{self._st.cfg.stall_timeout_s:g} s; the request was aborted"
+                    f"{self._st.cfg.settings.stall_timeout:g} s; the request was aborted"
                 ),
                 retryable=True,
             )
@@ -146,7 +146,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
         both) and submitted to the engine loop. Returns it, its prepared form and how long a
         decode leg waits for its simulated KV transfer."""
         st = self._st
-        if st.active >= st.cfg.max_concurrent_requests:
+        if st.active >= st.cfg.settings.max_concurrent_requests:
             raise RequestRefused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, "Mocker concurrent request limit reached"
             )
@@ -182,7 +182,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     key=live.key,
                     prompt=prep.prompt,
                     max_output_tokens=prep.max_tokens,
-                    token_at=token_deriver(st.cfg.seed, rid, st.allowed_ids),
+                    token_at=token_deriver(st.cfg.settings.seed, rid, st.allowed_ids),
                     **resume,
                 ),
             )
@@ -226,7 +226,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             prefix = response_prefix(rid)
             single = single_token_event
             flowing = st.tokens_flowing
-            interval = st.cfg.stream_interval
+            interval = st.cfg.settings.stream_interval
             ack = st.engine.ack
             take = live.take
             stop_ids = prep.stop_ids

@@ -22,12 +22,12 @@ class ServerState:
     def __init__(self, cfg: ServerConfig, scheduler: Scheduler, health: HealthServicer) -> None:
         self.cfg = cfg
         #: The ids the engine emits (the token deriver's table).
-        self.allowed_ids = allowed_ids(cfg.tokenizer, cfg.vocab_size)
+        self.allowed_ids = allowed_ids(cfg.settings.tokenizer or "", cfg.settings.vocab_size or 0)
         self.by_id: dict[str, LiveRequest] = {}
         self.by_key: dict[str, LiveRequest] = {}
-        self.engine = EngineLoop(scheduler, self.by_key, cfg.run_ahead)
+        self.engine = EngineLoop(scheduler, self.by_key, cfg.settings.run_ahead)
         self.health = health
-        self.recorder = RequestRecorder(cfg.record_requests, RECORDER_CAPACITY)
+        self.recorder = RequestRecorder(cfg.settings.record_requests, RECORDER_CAPACITY)
         self.active = 0  # registered requests: each holds a concurrency permit
         self.executor_failure: str | None = None
         self._seq = itertools.count()
@@ -95,7 +95,7 @@ class ServerState:
 
     def check_stalls(self, now: float) -> None:
         """Consumer-stall watchdog: a write pending longer than the timeout ends the request."""
-        limit = self.cfg.stall_timeout_s
+        limit = self.cfg.settings.stall_timeout
         for live in list(self.by_key.values()):
             started = live.write_started
             if started and now - started > limit and live.claim(Exit.STALLED):

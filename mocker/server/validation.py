@@ -121,13 +121,13 @@ def _max_tokens(
         raise invalid(f"max_tokens {max_tokens} exceeds the Mocker limit of {MAX_OUTPUT_TOKENS}")
     if min_tokens > max_tokens:
         raise invalid(f"min_tokens {min_tokens} exceeds max_tokens {max_tokens}")
-    if prompt_len >= cfg.context_length:
+    if prompt_len >= cfg.settings.context_length:
         raise invalid(
             f"the prompt of {prompt_len} tokens leaves no room in the context length of "
-            f"{cfg.context_length}"
+            f"{cfg.settings.context_length}"
         )
     # Newest reference: clamp the budget to the rest of the context window.
-    return min(max_tokens, cfg.context_length - prompt_len), min_tokens
+    return min(max_tokens, cfg.settings.context_length - prompt_len), min_tokens
 
 
 def prepare(request: generation_pb2.GenerateRequest, cfg: ServerConfig) -> Prepared:
@@ -138,7 +138,7 @@ def prepare(request: generation_pb2.GenerateRequest, cfg: ServerConfig) -> Prepa
         raise invalid("model must be non-empty")
     _refuse_unsupported(request)
     prompt = _input(request)
-    context_only, has_session = _role(request, cfg.role)
+    context_only, has_session = _role(request, cfg.settings.role)
     handoff = validate_session(request.kv.session) if has_session else None
     max_tokens, min_tokens = _max_tokens(request.stopping, context_only, len(prompt), cfg)
 

@@ -174,7 +174,8 @@ async def test_a_failing_engine_loop_fails_requests_in_band_and_stops_the_server
 
     The broken scheduler is patched in: a scheduler bug is what no input can cause, so the
     public surface (CLI, engine args, Admin) has no way to make one."""
-    from mocker.engine import EngineArgs, Scheduler
+    from lab.shared.engine_settings import EngineSettings
+    from mocker.engine import Scheduler
     from mocker.server import app
     from mocker.server.config import ServerConfig
 
@@ -183,7 +184,8 @@ async def test_a_failing_engine_loop_fails_requests_in_band_and_stops_the_server
             raise RuntimeError("scheduler bug")
 
     monkeypatch.setattr(app, "Scheduler", Broken)
-    server = app.MockerServer(ServerConfig(engine=EngineArgs(speedup_ratio=0.0)), "127.0.0.1:0")
+    settings = EngineSettings(listen="127.0.0.1:0", speedup_ratio=0.0)
+    server = app.MockerServer(ServerConfig.from_settings(settings))
     address = await server.start()
     run = asyncio.create_task(server.run_until_stopped())
     async with grpc.aio.insecure_channel(address) as channel:
