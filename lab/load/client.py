@@ -71,6 +71,8 @@ class LevelProgress:
     total: int | None  # None for timed levels
     errors: int
     elapsed_s: float
+    #: The level's prompts are being built (before its first send): `done` of `total` built.
+    building: bool = False
 
 
 @dataclass
@@ -217,7 +219,8 @@ class _Payloads:
     request's send stamp: synthesizing a prompt of exact length is the client's time (about
     1 ms at 136 tokens and 28 ms at 4096 with a HuggingFace tokenizer), not the server's."""
 
-    def __init__(self, bodies: Sequence[dict], prebuild: bool) -> None:
+    def __init__(self, bodies: Sequence[dict], prebuild: bool,
+                 progress: Callable[[LevelProgress], None] | None = None) -> None:
         self.bodies = bodies
         self.n = len(bodies)
         # a workload's RequestSet knows the lengths it asked for in its own tokenizer; a plain
@@ -225,7 +228,21 @@ class _Payloads:
         self.requested = getattr(bodies, "requested", None)
         self.cache: list[_Payload] | None = None
         if prebuild:
-            self.cache = [self._make(i) for i in range(self.n)]
+            self.cache = self._prebuild(progress)
+
+    def _prebuild(self, progress: Callable[[LevelProgress], None] | None) -> list[_Payload]:
+        """Every payload, before the level's first send. Long prompts take a while (2,048 of
+        4096 tokens: ~29 s with a HuggingFace tokenizer), so `progress` hears how many are
+        built, every PROGRESS_INTERVAL_S (`LevelProgress.building`)."""
+        cache: list[_Payload] = []
+        start = time.monotonic()
+        report_at = start + PROGRESS_INTERVAL_S
+        for i in range(self.n):
+            cache.append(self._make(i))
+            if progress is not None and (now := time.monotonic()) >= report_at:
+                progress(LevelProgress(i + 1, self.n, 0, now - start, building=True))
+                report_at = now + PROGRESS_INTERVAL_S
+        return cache
 
     def _make(self, i: int) -> _Payload:
         body = self.bodies[i]
@@ -633,7 +650,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     options = options or ClientOptions()
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
-    payloads = _Payloads(bodies, prebuild=options.duration_s is None)
+    payloads = _Payloads(bodies, prebuild=options.duration_s is None, progress=progress)
     if remote is not None:
         records, infos = await remote.closed(url, payloads, concurrency, warmup, options,
                                              progress)

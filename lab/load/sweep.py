@@ -172,6 +172,8 @@ class LineProgress:
 
     def _line(self, p: LevelProgress) -> str:
         total = f"/{p.total}" if p.total is not None else ""
+        if p.building:
+            return f"{self.label}: building prompts {p.done}{total}, {p.elapsed_s:.1f} s"
         rate = p.done / p.elapsed_s if p.elapsed_s > 0 else 0.0
         return (f"{self.label}: {p.done}{total} requests, {rate:,.1f} req/s, "
                 f"{p.errors} errors, {p.elapsed_s:.1f} s")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -13,6 +14,7 @@ from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
 from lab.load.client import ClientOptions, LevelProgress, run_level
 from lab.load.record import RECORD_FIELDS, rows
+from lab.load.sweep import LineProgress
 from lab.load.workload import WorkloadSpec, build_requests
 from tests.load.fake_http import start
 from tests.load.fake_openai import (
@@ -65,6 +67,45 @@ async def test_exact_concurrency_and_ordered_timestamps(fake: tuple[FakeOpenAI, 
     assert c["cpu_ms_per_request"] > 0 and c["send_delay_p99_ms"] is not None
     assert c["loop_lag_p99_ms"] is not None and c["started_ns"] < c["ended_ns"]
     assert seen and seen[-1].done == 60 and seen[-1].errors == 0
+
+
+class SlowBodies(list):
+    """Request bodies that take a while each to build, as long prompts do with a HuggingFace
+    tokenizer (2,048 of 4096 tokens: ~29 s)."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
+async def test_a_slow_prompt_build_reports_progress_before_the_first_send(
+    fake: tuple[FakeOpenAI, str],
+) -> None:
+    _, url = fake
+    seen: list[LevelProgress] = []
+    n = 60  # ~1.2 s to build: past the 0.5 s progress interval
+    res = await run_level(url, SlowBodies(bodies(n)), 4, progress=seen.append)
+    assert len(res.records) == n and all(r.ok for r in res.records)
+    building = [p for p in seen if p.building]
+    assert building, seen
+    assert all(0 < p.done < n and p.total == n for p in building)
+    first_send = next(i for i, p in enumerate(seen) if not p.building)
+    assert all(p.building for p in seen[:first_send]) and not any(
+        p.building for p in seen[first_send:])
+    assert seen[-1].done == n and not seen[-1].building
+    terminal = Terminal()
+    line = LineProgress(stream=terminal)
+    line.start("c=4")
+    line.update(building[0])
+    assert terminal.getvalue().strip() == (
+        f"c=4: building prompts {building[0].done}/{n}, {building[0].elapsed_s:.1f} s")
+
+
+class Terminal(io.StringIO):
+    """A stderr that is a terminal, where the progress line is drawn."""
+
+    def isatty(self) -> bool:
+        return True
 
 
 async def test_one_in_flight_reuses_one_connection(fake: tuple[FakeOpenAI, str]) -> None:
