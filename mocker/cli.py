@@ -14,7 +14,6 @@ from lab.shared.engine_settings import (
     EngineSettings,
 )
 from mocker.server import config as sc
-from mocker.server.vocab import allowed_ids
 
 
 def _setup_logging(level: str) -> None:
@@ -46,13 +45,9 @@ def serve(settings: EngineSettings) -> None:
     the fault-injection service on its own address)."""
     s = settings
     try:
-        cfg = sc.ServerConfig.from_settings(s)
-    except (ValueError, TypeError) as exc:
-        raise click.BadParameter(str(exc), param_hint="'--engine-args'") from None
-    try:
-        allowed_ids(s.tokenizer or "", s.vocab_size or 0)  # a bad file fails here, in one line
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--tokenizer'") from None
+        cfg = sc.ServerConfig.from_settings(s)  # a bad file fails here, in one line
+    except sc.SettingError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{exc.option}'") from None
     _setup_logging(s.log_level)
     from mocker.server.app import serve as serve_async
 

@@ -7,12 +7,15 @@ engine (scheduler, KV pool, timing) defaults live in `mocker.engine.config.Engin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lab.shared.engine_settings import EngineSettings
 from lab.shared.json_arg import read_json_object
 from mocker.engine import EngineArgs
+
+from .vocab import allowed_ids
 
 #: ModelInfo.max_output_tokens and the max_tokens limit (newest reference control test).
 MAX_OUTPUT_TOKENS = 1_000_000
@@ -49,10 +52,19 @@ def default_instance_id(role: str) -> str:
     return f"dynamo-trtllm-mocker-{role}"
 
 
+class SettingError(ValueError):
+    """A setting that names something unusable; `option` is its command-line flag."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """What the server runs on: `mocker serve`'s settings (`EngineSettings`, where each one is
-    defined) and what two of them name, resolved: the engine args and the instance id."""
+    defined) and what three of them name, resolved once: the engine args, the instance id and
+    the ids the engine emits."""
 
     settings: EngineSettings
     #: The simulation's own settings (scheduler, KV pool, timing), from --engine-args and the
@@ -60,13 +72,24 @@ class ServerConfig:
     engine: EngineArgs
     #: ServerInfo.instance_id: --instance-id, or default_instance_id(role).
     instance_id: str
+    #: The ids the engine emits (the token deriver's table), from --tokenizer / --vocab-size.
+    allowed_ids: Sequence[int]
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> ServerConfig:
-        """Read the engine args the settings name; ValueError (naming the problem) if bad."""
-        engine = load_engine_args(
-            settings.engine_args,
-            speedup_ratio=settings.speedup_ratio,
-            decode_speedup_ratio=settings.decode_speedup_ratio,
-        )
-        return cls(settings, engine, settings.instance_id or default_instance_id(settings.role))
+        """Read the engine args and the tokenizer the settings name; SettingError (naming the
+        option and the problem) if either is bad."""
+        try:
+            engine = load_engine_args(
+                settings.engine_args,
+                speedup_ratio=settings.speedup_ratio,
+                decode_speedup_ratio=settings.decode_speedup_ratio,
+            )
+        except (ValueError, TypeError) as exc:
+            raise SettingError("--engine-args", str(exc)) from None
+        try:
+            ids = allowed_ids(settings.tokenizer or "", settings.vocab_size or 0)
+        except ValueError as exc:
+            raise SettingError("--tokenizer", str(exc)) from None
+        instance_id = settings.instance_id or default_instance_id(settings.role)
+        return cls(settings, engine, instance_id, ids)

@@ -182,7 +182,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     key=live.key,
                     prompt=prep.prompt,
                     max_output_tokens=prep.max_tokens,
-                    token_at=token_deriver(st.cfg.settings.seed, rid, st.allowed_ids),
+                    token_at=token_deriver(st.cfg.settings.seed, rid, st.cfg.allowed_ids),
                     **resume,
                 ),
             )

@@ -13,7 +13,6 @@ from .engine_loop import EngineLoop
 from .health import HealthServicer
 from .inflight import Exit, LiveRequest
 from .recorder import RequestRecorder
-from .vocab import allowed_ids
 
 log = logging.getLogger("mocker.server")
 
@@ -21,8 +20,6 @@ log = logging.getLogger("mocker.server")
 class ServerState:
     def __init__(self, cfg: ServerConfig, scheduler: Scheduler, health: HealthServicer) -> None:
         self.cfg = cfg
-        #: The ids the engine emits (the token deriver's table).
-        self.allowed_ids = allowed_ids(cfg.settings.tokenizer or "", cfg.settings.vocab_size or 0)
         self.by_id: dict[str, LiveRequest] = {}
         self.by_key: dict[str, LiveRequest] = {}
         self.engine = EngineLoop(scheduler, self.by_key, cfg.settings.run_ahead)
