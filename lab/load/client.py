@@ -32,6 +32,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +44,14 @@ from lab.load.sse import RawResponse, parse_response
 
 LOOP_LAG_INTERVAL_S = 0.010
 PROGRESS_INTERVAL_S = 0.5
+#: Threads that build a counted level's payloads before its first send. A prompt's HF encodes
+#: run in parallel; the Python around them (words, body, JSON) holds the GIL, about a third of
+#: a 4096-token prompt's time, so threads past the cores of a 2-core machine gain little.
+PREBUILD_THREADS = 2
+#: A prebuild times its first PREBUILD_PROBE payloads; past THREADED_BUILD_S each, it builds
+#: the rest on threads (20,000 word prompts, 68 us each, take 2.5x longer on two threads).
+PREBUILD_PROBE = 8
+THREADED_BUILD_S = 0.0005
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
@@ -215,33 +224,66 @@ _Payload = tuple[bytes, int | None, int | None, bool]
 
 class _Payloads:
     """Request bytes and requested lengths by index; prebuilt for counted levels (outside the
-    measured window), built on demand for timed levels. An on-demand build happens before the
-    request's send stamp: synthesizing a prompt of exact length is the client's time (about
-    1 ms at 136 tokens and 28 ms at 4096 with a HuggingFace tokenizer), not the server's."""
+    measured window, `await payloads.prebuild(progress)`), built on demand for timed levels.
+    An on-demand build happens before the request's send stamp: synthesizing a prompt of
+    exact length is the client's time (about 0.5 ms at 136 tokens and 12 ms at 4096 with a
+    HuggingFace tokenizer), not the server's."""
 
-    def __init__(self, bodies: Sequence[dict], prebuild: bool,
-                 progress: Callable[[LevelProgress], None] | None = None) -> None:
+    def __init__(self, bodies: Sequence[dict]) -> None:
         self.bodies = bodies
         self.n = len(bodies)
         # a workload's RequestSet knows the lengths it asked for in its own tokenizer; a plain
         # list of bodies is measured from the bodies (token ids, or whitespace-separated words)
         self.requested = getattr(bodies, "requested", None)
         self.cache: list[_Payload] | None = None
-        if prebuild:
-            self.cache = self._prebuild(progress)
 
-    def _prebuild(self, progress: Callable[[LevelProgress], None] | None) -> list[_Payload]:
-        """Every payload, before the level's first send. Long prompts take a while (2,048 of
-        4096 tokens: ~29 s with a HuggingFace tokenizer), so `progress` hears how many are
-        built, every PROGRESS_INTERVAL_S (`LevelProgress.building`)."""
+    async def prebuild(self, progress: Callable[[LevelProgress], None] | None) -> None:
+        """Build every payload before the level's first send, off the event loop, so that a
+        signal still ends the run at once. Long prompts take a while (576 of 4096 tokens:
+        ~3.4 s with a HuggingFace tokenizer), so `progress` hears how many are built, every
+        PROGRESS_INTERVAL_S (`LevelProgress.building`)."""
+        loop = asyncio.get_running_loop()
+        report: Callable[[LevelProgress], None] | None = None
+        if progress is not None:
+            def report(p: LevelProgress) -> None:  # heard on the loop, not the build thread
+                loop.call_soon_threadsafe(progress, p)
+        stop = threading.Event()
+        try:
+            self.cache = await asyncio.to_thread(self._build_all, report, stop)
+        finally:
+            stop.set()  # cancelled: the build thread stops at its next payload
+
+    def _build_all(self, report: Callable[[LevelProgress], None] | None,
+                   stop: threading.Event) -> list[_Payload] | None:
         cache: list[_Payload] = []
         start = time.monotonic()
         report_at = start + PROGRESS_INTERVAL_S
-        for i in range(self.n):
-            cache.append(self._make(i))
-            if progress is not None and (now := time.monotonic()) >= report_at:
-                progress(LevelProgress(i + 1, self.n, 0, now - start, building=True))
-                report_at = now + PROGRESS_INTERVAL_S
+        # The first payloads one by one (the first loads the tokenizer and builds the shared
+        # prefix). If they are slow, they are a HuggingFace tokenizer's encodes, which let go
+        # of the GIL (lab/load/corpus.py): the rest then build on PREBUILD_THREADS threads,
+        # 576 prompts of 4096 tokens in 3.4 s instead of 6.8
+        # (docs/measurements.md "Building a level's prompts").
+        # Faster builds are Python, which threads would only serialize.
+        if self.n:
+            cache.append(self._make(0))
+        lone = min(self.n, PREBUILD_PROBE)
+        probe_start = time.perf_counter()
+        cache += [self._make(i) for i in range(1, lone)]
+        slow = lone > 1 and (time.perf_counter() - probe_start) / (lone - 1) >= THREADED_BUILD_S
+        rest = range(lone, self.n)
+        pool = ThreadPoolExecutor(PREBUILD_THREADS, thread_name_prefix="prebuild") if slow else None
+        try:
+            built = pool.map(self._make, rest) if pool is not None else map(self._make, rest)
+            for i, payload in enumerate(built, start=lone + 1):
+                if stop.is_set():
+                    return None
+                cache.append(payload)
+                if report is not None and (now := time.monotonic()) >= report_at:
+                    report(LevelProgress(i, self.n, 0, now - start, building=True))
+                    report_at = now + PROGRESS_INTERVAL_S
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)  # stopped or failed: the rest is dropped
         return cache
 
     def _make(self, i: int) -> _Payload:
@@ -650,7 +692,9 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     options = options or ClientOptions()
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
-    payloads = _Payloads(bodies, prebuild=options.duration_s is None, progress=progress)
+    payloads = _Payloads(bodies)
+    if options.duration_s is None:
+        await payloads.prebuild(progress)
     if remote is not None:
         records, infos = await remote.closed(url, payloads, concurrency, warmup, options,
                                              progress)

@@ -71,7 +71,9 @@ def words_text(rng: random.Random, n: int) -> str:
 
 
 def count_tokens(tokenizer: Any, text: str) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+    # `encode_batch_fast` of one text: the same ids as `encode`, without the offsets (4096
+    # tokens: 3.3 ms against 4.7, tokenizers 0.23)
+    return len(tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
 
 class ExactTextError(RuntimeError):
@@ -103,7 +105,9 @@ def _exact_cut(tokenizer: Any, n: int, gen: Any, head: str, lower: bool) -> str 
     text = head
     margin = 8
     while True:
-        enc = tokenizer.encode(text, add_special_tokens=False)
+        # `encode_batch` of one text is `encode` that lets go of the GIL while it runs, so
+        # prompts built on two threads encode in parallel (lab/load/client.py, the prebuild)
+        enc = tokenizer.encode_batch([text], add_special_tokens=False)[0]
         have = len(enc.ids)
         if have >= n + margin:
             break
@@ -111,12 +115,13 @@ def _exact_cut(tokenizer: Any, n: int, gen: Any, head: str, lower: bool) -> str 
         if lower:
             more = more.lower()
         text = f"{text} {more}" if text else more
-    ends = [end for _, end in enc.offsets]
     # the end of token n is the cut, unless cutting there re-tokenizes the last word into more
-    # or fewer pieces; then the nearest cut that encodes to exactly n tokens
-    for k in sorted(range(max(1, n - margin), min(len(ends), n + margin) + 1),
+    # or fewer pieces; then the nearest cut that encodes to exactly n tokens. (`token_to_chars`
+    # reads one token's span; `enc.offsets` would build all of them, 0.6 ms at 5,000 tokens.)
+    for k in sorted(range(max(1, n - margin), min(have, n + margin) + 1),
                     key=lambda k: abs(k - n)):
-        end = ends[k - 1]
+        span = enc.token_to_chars(k - 1)
+        end = span[1] if span is not None else 0
         if end < len(head) or end == 0:
             continue
         cut = text[:end]

@@ -297,7 +297,8 @@ async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarra
     if max_concurrency is not None and max_concurrency < procs:
         raise ValueError(f"max_concurrency {max_concurrency} is below the {procs} client "
                          "processes it is split over")
-    payloads = _Payloads(bodies, prebuild=True, progress=progress)
+    payloads = _Payloads(bodies)
+    await payloads.prebuild(progress)
     if remote is not None:
         streams = split_streams(len(offsets), procs, seed)
         records, infos = await remote.open(url, payloads, offsets, warmup, options,

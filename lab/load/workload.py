@@ -175,7 +175,7 @@ class Prompts:
         else:
             text = exact_text(tok, isl, rng, head=prefix)
         if spec.prompt_kind == "token_ids" and spec.endpoint != "chat":
-            return tok.encode(text, add_special_tokens=False).ids, isl
+            return tok.encode_batch_fast([text], add_special_tokens=False)[0].ids, isl
         return text, isl
 
 

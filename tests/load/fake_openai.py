@@ -44,6 +44,8 @@ class FakeOpenAI(FakeServer):
     peers: set = field(default_factory=set, init=False)
     #: the client (host, port) of each request, in arrival order: which connection served it
     peer_order: list = field(default_factory=list, init=False)
+    #: the prompt of each request, in arrival order
+    prompts: list = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,6 +57,7 @@ class FakeOpenAI(FakeServer):
             self.peers.add(request.transport.get_extra_info("peername"))
             self.peer_order.append(request.transport.get_extra_info("peername"))
         prompt = body["prompt"]
+        self.prompts.append(prompt)
         first = prompt[0] if isinstance(prompt, list) else None
         n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
         if body.get("model") != self.model:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import overload
 
 import pytest
@@ -15,7 +17,8 @@ from lab.analysis.request_times import requests_frame
 from lab.load.client import ClientOptions, LevelProgress, run_level
 from lab.load.record import RECORD_FIELDS, rows
 from lab.load.sweep import LineProgress
-from lab.load.workload import WorkloadSpec, build_requests
+from lab.load.workload import RequestSet, WorkloadSpec, build_requests
+from lab.shared.hf_tokenizer import load_hf
 from tests.load.fake_http import start
 from tests.load.fake_openai import (
     FAIL_CUT,
@@ -25,6 +28,7 @@ from tests.load.fake_openai import (
     SHAPE_EVENTS,
     FakeOpenAI,
 )
+from tests.load.small_tokenizer import make_tokenizer
 
 
 @pytest.fixture
@@ -71,10 +75,13 @@ async def test_exact_concurrency_and_ordered_timestamps(fake: tuple[FakeOpenAI, 
 
 class SlowBodies(list):
     """Request bodies that take a while each to build, as long prompts do with a HuggingFace
-    tokenizer (2,048 of 4096 tokens: ~29 s)."""
+    tokenizer (576 of 4096 tokens: ~3.4 s on the prebuild's two threads)."""
+
+    built = 0
 
     def __getitem__(self, i):  # type: ignore[override]
         time.sleep(0.02)
+        self.built += 1
         return super().__getitem__(i)
 
 
@@ -83,7 +90,7 @@ async def test_a_slow_prompt_build_reports_progress_before_the_first_send(
 ) -> None:
     _, url = fake
     seen: list[LevelProgress] = []
-    n = 60  # ~1.2 s to build: past the 0.5 s progress interval
+    n = 100  # ~1 s to build on two threads: past the 0.5 s progress interval
     res = await run_level(url, SlowBodies(bodies(n)), 4, progress=seen.append)
     assert len(res.records) == n and all(r.ok for r in res.records)
     building = [p for p in seen if p.building]
@@ -99,6 +106,47 @@ async def test_a_slow_prompt_build_reports_progress_before_the_first_send(
     line.update(building[0])
     assert terminal.getvalue().strip() == (
         f"c=4: building prompts {building[0].done}/{n}, {building[0].elapsed_s:.1f} s")
+
+
+async def test_a_cancelled_level_stops_building_its_prompts(
+    fake: tuple[FakeOpenAI, str],
+) -> None:
+    """SIGTERM cancels a sweep's level: a build of thousands of long prompts must not hold
+    the sweep (and the stack it tears down) until it is done."""
+    server, url = fake
+    n = 2000  # ~20 s to build
+    building = asyncio.Event()
+    slow = SlowBodies(bodies(n))
+    level = asyncio.create_task(run_level(
+        url, slow, 4, progress=lambda p: building.set() if p.building else None))
+    await asyncio.wait_for(building.wait(), 60)
+    level.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(level, 10)
+    stopped_at = slow.built
+    assert stopped_at < n / 2, stopped_at
+    await asyncio.sleep(0.2)  # the build threads stop at their next prompt
+    assert slow.built <= stopped_at + 4, (stopped_at, slow.built)
+    assert server.served == 0
+
+
+async def test_prebuilt_prompts_reach_the_server_as_built_one_by_one_in_order(
+    fake: tuple[FakeOpenAI, str], tmp_path: Path,
+) -> None:
+    """A counted level builds its prompts on threads before the first send: each request
+    still carries the prompt of its index, exact in the tokenizer, as a lone build gives."""
+    server, url = fake
+    tok_dir = make_tokenizer(tmp_path)
+    spec = WorkloadSpec(isl=90, osl=4, isl_stddev=30, shared_prefix=20, prompt_kind="text",
+                        tokenizer=str(tok_dir))
+    requests = RequestSet(spec, server.model, level_seed=3, n=40)
+    res = await run_level(url, requests, 1)
+    assert all(r.ok for r in res.records)
+    lone = RequestSet(spec, server.model, level_seed=3, n=40)
+    assert server.prompts == [lone[i]["prompt"] for i in range(40)]
+    tok = load_hf(tok_dir)
+    assert [len(tok.encode(p, add_special_tokens=False).ids) for p in server.prompts] == [
+        r.isl_requested for r in res.records]
 
 
 class Terminal(io.StringIO):
