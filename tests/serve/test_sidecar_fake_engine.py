@@ -136,7 +136,7 @@ async def stack(tmp_path: Path, engine: FakeEngine, **overrides) -> AsyncIterato
             client = RequestPlaneClient(records[0].address)
         yield sidecar, task, client, registry, healths
     finally:
-        if not task.done():
+        if not task.done() and sidecar._stop is not None:
             sidecar._stop.set()
         async with asyncio.timeout(15):
             await asyncio.gather(task, return_exceptions=True)
