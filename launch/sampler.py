@@ -43,7 +43,7 @@ class Sampler:
     def samples_now(self) -> list[dict[str, Any]]:
         """Every sample so far, with one taken now: a sweep level shorter than the interval
         that just ended is then covered by a sample of its own (lab.analysis.metrics
-        `process_figures` takes those in (start, end + one interval])."""
+        `process_figures` weights each sample by its interval's overlap with the level)."""
         self.sample_once()
         return list(self.samples)
 

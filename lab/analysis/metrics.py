@@ -113,23 +113,32 @@ def _prefixed(prefix: str, stats: dict[str, float | None], keep: tuple[str, ...]
 
 def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | None,
                     duration_s: float, ok: int, out_tokens: int = 0) -> dict[str, Any]:
-    """Each server process's CPU % (mean of samples in the window) and peak RSS (MB), and the
-    server's CPU per request (ms) and per output token (us), summed over processes."""
+    """Each server process's CPU % over the window and peak RSS (MB), and the server's CPU per
+    request (ms) and per output token (us), summed over processes.
+
+    A sample's cpu_pct covers the interval since that pid's previous sample (launch.sampler), so
+    each sample counts by how much of its interval lies in the window: a sample taken just after
+    the level, or one whose interval straddles its start, counts for its share only. (An
+    unweighted mean of the samples in (start, end + one interval] moved a 1-2 s level's figure by
+    up to a third with the phase of the 0.5 s sampling.) A pid's first sample covers one of its
+    usual intervals."""
     if procs is None or procs.empty or start is None or end is None:
         return {}
-    # a sample's cpu_pct covers the interval since the previous sample of that process, so the
-    # samples that overlap the window are those in (start, end + one interval]
-    times = np.sort(procs["t_ns"].unique())
-    interval = int(np.median(np.diff(times))) if len(times) > 1 else 0
-    per_name = procs.groupby("name")["t_ns"].transform(lambda t: t.diff().median())
-    step = per_name.fillna(interval).astype("int64")
-    win = procs[(procs["t_ns"] > start) & (procs["t_ns"] <= end + step)]
+    rows = procs.sort_values("t_ns", kind="stable")
+    key = [rows["name"], rows["pid"]]
+    since = rows.groupby(key)["t_ns"].shift()
+    steps = rows.groupby(key)["t_ns"].transform(lambda t: t.diff().median())
+    times = np.sort(rows["t_ns"].unique())
+    fallback = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
+    since = since.fillna(rows["t_ns"] - steps.fillna(fallback))
+    overlap = (np.minimum(rows["t_ns"], end) - np.maximum(since, start)).clip(lower=0)
+    win = rows.assign(overlap=overlap)[overlap > 0]
     if win.empty:
         return {}
     out: dict[str, Any] = {}
     total_cpu_s = 0.0
     for name, g in win.groupby("name", sort=True):
-        cpu = float(g["cpu_pct"].mean())
+        cpu = float(np.average(g["cpu_pct"], weights=g["overlap"]))
         out[f"cpu_pct:{name}"] = cpu
         out[f"rss_peak_mb:{name}"] = float(g["rss_bytes"].max()) / 1e6
         cpu_s = cpu / 100.0 * duration_s

@@ -12,6 +12,7 @@ from lab.analysis.metrics import (
     chunk_gaps_ms,
     describe,
     level_summary,
+    process_figures,
     summarize_run,
 )
 from lab.analysis.request_times import requests_frame
@@ -101,9 +102,41 @@ def test_server_cpu_over_the_window() -> None:
                                   (90, "engine-0", 999, 9e6)]
     ])
     row = level_summary(frame(), procs=procs)
-    # window (10, 40] + one 15 ms sampling interval -> samples at 15, 30, 45
-    assert row["cpu_pct:engine-0"] == pytest.approx(60.0)
+    # window (10, 40]: the samples at 15, 30 and 45 cover (0, 15], (15, 30] and (30, 45], of
+    # which 5, 15 and 10 ms lie in the window; the one at 90 covers (45, 90], none of it
+    assert row["cpu_pct:engine-0"] == pytest.approx((5 * 50 + 15 * 70 + 10 * 60) / 30)
     assert row["rss_peak_mb:engine-0"] == pytest.approx(4.0)
+
+
+def samples(pid: int, at_ms: list[tuple[float, float]]) -> list[dict]:
+    return [{"t_ns": int(t * MS), "name": "frontend", "role": "frontend", "pid": pid,
+             "cpu_pct": cpu, "rss_bytes": 1e6} for t, cpu in at_ms]
+
+
+@pytest.mark.parametrize("phase_ms", [0.0, 80.0, 250.0, 420.0])
+def test_server_cpu_does_not_depend_on_the_sampling_phase(phase_ms: float) -> None:
+    """A process at 80% of a core until a 1.2 s level ends and idle after it, sampled every
+    500 ms from some phase, plus the sample the sweep takes as the level ends and the
+    sampler's next tick (idle, 0%): 80% whatever the phase, since the idle tick's interval
+    lies after the window."""
+    start, end = 1000.0, 2200.0
+    ticks = [t for t in (phase_ms + 500 * k for k in range(8)) if t < end]
+    after = ticks[-1] + 500
+    rows = [(t, 80.0) for t in ticks] + [(end, 80.0), (after, 0.0)]
+    figures = process_figures(pd.DataFrame(samples(7, rows)), int(start * MS), int(end * MS),
+                              1.2, ok=1)
+    assert figures["cpu_pct:frontend"] == pytest.approx(80.0)
+
+
+def test_a_restarted_process_counts_its_new_pid_from_its_own_samples() -> None:
+    """A process restarted mid-level (same name, new pid): the new pid's first sample covers
+    one usual interval, not the time since the old pid's last sample."""
+    rows = samples(1, [(0, 10.0), (500, 10.0), (1000, 10.0)]) + samples(
+        2, [(1900, 90.0), (2400, 90.0), (2900, 90.0)])
+    figures = process_figures(pd.DataFrame(rows), 0, 2900 * MS, 2.9, ok=1)
+    # pid 1 covers (0, 1000] at 10% (its first sample's interval lies before the window);
+    # pid 2 covers (1400, 2900] at 90%
+    assert figures["cpu_pct:frontend"] == pytest.approx((1000 * 10 + 1500 * 90) / 2500)
 
 
 def test_client_and_total_cpu_per_output_token() -> None:
