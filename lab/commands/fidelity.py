@@ -82,8 +82,8 @@ class Side:
            help="Sweep every side K times, in turn (target, lab, target, lab, ...; repeat k "
            "sends the prompts of --seed + k - 1, so no prefix cache carries over). The "
            "report then gives each metric's median over the repeats, the gap of the medians "
-           "with its 95% bootstrap interval, and the median of the per-repeat gaps "
-           "(docs/fidelity.md \"Repeats\").")
+           "with its 95% bootstrap interval, the median of the per-repeat gaps and the "
+           "target's own spread over the repeats (docs/fidelity.md \"Repeats\").")
 @option_of(SweepSettings, "warmup",
            help="Warm-up requests per level.  [default: the level's concurrency]")
 @click.option(*_SEED[0], **_SEED[1])
@@ -316,9 +316,11 @@ def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) ->
         f"Over {repeat} repeats (repeat-1/ ... repeat-{repeat}/, each side swept in turn): "
         "the target and lab columns are medians over the repeats, the gap is theirs, with "
         "its 95% bootstrap interval (repeats resampled in pairs), and the median of the "
-        "per-repeat gaps beside it; the verdict is on the gap.", ""]
+        "per-repeat gaps beside it; the verdict is on the gap. The target's spread is its own "
+        "range over the repeats (max - min, % of its median): one sweep does not resolve a "
+        "gap smaller than that.", ""]
     header = ["conc", "metric", "target", "lab", "gap", "95% interval", "per-repeat gap",
-              "verdict"]
+              "target's spread", "verdict"]
     gaps = {}
     for lab, target, title in _REPEAT_PAIRS:
         if lab not in repeats or target not in repeats:
@@ -326,7 +328,8 @@ def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) ->
         gaps[lab] = repeat_gaps(repeats[target], repeats[lab])
         rows = [[str(g.concurrency), g.label, fnum(g.target, 2), fnum(g.lab, 2),
                  _pct(g.gap_pct), f"{_pct(g.low_pct)} .. {_pct(g.high_pct)}",
-                 _pct(g.repeat_gap_pct), g.verdict] for g in gaps[lab]]
+                 _pct(g.repeat_gap_pct), _spread(g.target_spread_pct), g.verdict]
+                for g in gaps[lab]]
         lines += [f"## {title}", "", md_table(header, rows), ""]
     medians = {name: median_levels(r) for name, r in repeats.items()}
     costs: dict[str, dict[int, float]] = {}
@@ -356,3 +359,7 @@ def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) ->
 
 def _pct(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:+.1f}%"
+
+
+def _spread(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:.1f}%"

@@ -5,8 +5,11 @@ engine pass or split over two, docs/fidelity.md "TTFT at c=32: waves, and the pa
 misses"), so one sweep's gap can be a draw from either. Over repeats the gap is the ratio of
 the two sides' medians, with a 95% interval from a paired bootstrap (repeats resampled whole,
 so a repeat's drift, shared by both sides, stays paired); the median of the per-repeat gaps is
-shown beside it. The verdict words are those of one sweep (`gaps.verdict`), on the ratio of
-the medians. Pure: level tables in, rows out.
+shown beside it, and the target's own spread over the repeats: a gap smaller than the
+target's run-to-run spread is not one a single sweep resolves (at ISL 136 c=128 a closed
+loop's TTFT p50 moved by 18.8% of its median between repeats of Dynamo's own stack,
+docs/fidelity.md "Measured gaps"). The verdict words are those of one sweep
+(`gaps.verdict`), on the ratio of the medians. Pure: level tables in, rows out.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ INTERVAL = 0.95
 class RepeatGap(Gap):
     """A metric at a level over the repeats: `target` and `lab` are the medians, `gap_pct`
     their gap, `low_pct`..`high_pct` its interval, `repeat_gap_pct` the median of the
-    per-repeat gaps."""
+    per-repeat gaps, `target_spread_pct` the target's (max - min) over the repeats in % of its
+    median."""
 
     low_pct: float
     high_pct: float
     repeat_gap_pct: float
+    target_spread_pct: float
     target_repeats: list[float]
     lab_repeats: list[float]
 
@@ -90,8 +95,18 @@ def repeat_gaps(target: list[pd.DataFrame], lab: list[pd.DataFrame]) -> list[Rep
             low, high = interval(t, x)
             per_repeat = [gap_pct(a, b) for a, b in zip(t, x, strict=True)]
             out.append(RepeatGap(int(c), column, label, t_med, x_med, g, verdict(g), low, high,
-                                 _nanmedian(per_repeat), t, x))
+                                 _nanmedian(per_repeat), spread_pct(t), t, x))
     return out
+
+
+def spread_pct(values: list[float]) -> float:
+    """(max - min) / median of the finite values, in %; NaN with fewer than two or a median
+    of 0."""
+    finite = [v for v in values if math.isfinite(v)]
+    median = _nanmedian(finite)
+    if len(finite) < 2 or not median:
+        return math.nan
+    return 100.0 * (max(finite) - min(finite)) / abs(median)
 
 
 def _nanmedian(values: list[float]) -> float:

@@ -5,6 +5,7 @@ default decode step is about 5.8 ms, the curve's about 9.4 ms at these sizes).""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -100,6 +101,9 @@ def test_fidelity_repeats_each_side_in_turn_and_gives_the_gap_of_the_medians(
         assert g["target_repeats"] == t and g["lab_repeats"] == x
         assert g["target"] == pytest.approx(sum(t) / 2) and g["lab"] == pytest.approx(sum(x) / 2)
         assert g["low_pct"] <= g["gap_pct"] <= g["high_pct"]
+        assert g["target_spread_pct"] == pytest.approx(
+            100.0 * abs(t[0] - t[1]) / (sum(t) / 2) if sum(t) else math.nan, nan_ok=True)
         assert g["verdict"] in VERDICTS
     md = (out / "fidelity.md").read_text()
     assert "95% interval" in md and "| 2 | ITL p50 (ms) |" in md
+    assert "target's spread" in md

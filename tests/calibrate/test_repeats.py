@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -21,6 +23,18 @@ def test_the_gap_is_of_the_medians_and_the_per_repeat_gaps_have_their_own_median
     assert g.repeat_gap_pct == pytest.approx(5.0)  # median of +4, +6, +10, -10
     assert -10.0 <= g.low_pct <= g.gap_pct <= g.high_pct <= 10.0
     assert g.target_repeats == [100.0] * 4 and g.lab_repeats == [104.0, 106.0, 110.0, 90.0]
+    assert g.target_spread_pct == 0.0
+
+
+def test_the_target_spread_is_its_own_range_over_the_repeats() -> None:
+    """A target whose p50 moves 230-276 ms between repeats (median 250): a 20% spread, wider
+    than any gap a 5% verdict can resolve; a target seen once has no spread."""
+    target = [levels(t) for t in (230.0, 276.0, 250.0, 240.0, 260.0)]
+    lab = [levels(x) for x in (250.0, 251.0, 252.0, 253.0, 254.0)]
+    g = next(g for g in repeat_gaps(target, lab) if g.metric == "ttft_ms_p50")
+    assert g.target_spread_pct == pytest.approx(100.0 * 46.0 / 250.0)
+    once = next(g for g in repeat_gaps(target[:1], lab[:1]) if g.metric == "ttft_ms_p50")
+    assert math.isnan(once.target_spread_pct)
 
 
 def test_the_interval_resamples_repeats_in_pairs() -> None:
