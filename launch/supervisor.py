@@ -397,25 +397,43 @@ class Supervisor:
     # -- teardown -----------------------------------------------------------------------------
 
     async def stop(self) -> None:
-        """SIGTERM (frontend and sidecars first, then engines), wait grace, SIGKILL the rest."""
+        """SIGTERM (frontend and sidecars first, then engines), wait grace, SIGKILL the rest.
+
+        Once the frontend has exited, the sidecars still up get a second SIGTERM, which ends
+        their serving grace at once (`lab sidecar`): the grace keeps a withdrawn worker
+        serving for frontends that have not seen the withdrawal, and this stack's only one is
+        gone. Without it a stack that never served a request took the whole grace (5 s) to
+        stop. Where this supervisor does not run the frontend (Ray), the sidecars keep it."""
         self.stopping = True
         for task in list(self._restart_tasks.values()):
             task.cancel()
-        for group in ([*self.fronts, *self.sidecars], self.engines):
-            await self._terminate(group)
+        await self._terminate([*self.fronts, *self.sidecars],
+                              then_again=self.sidecars, once_gone=self.fronts)
+        await self._terminate(self.engines)
         for proc in self.processes:
             if proc.state != "exited":
                 proc.state = "stopped"
         self._stop_done = time.monotonic()
         self.on_change()
 
-    async def _terminate(self, group: list[ManagedProcess]) -> None:
+    async def _terminate(self, group: list[ManagedProcess], *,
+                         then_again: list[ManagedProcess] | None = None,
+                         once_gone: list[ManagedProcess] | None = None) -> None:
+        """SIGTERM `group`, wait up to the grace, SIGKILL what is left. With `once_gone`
+        (not empty): when all of those have exited, a second SIGTERM to `then_again`'s live
+        processes."""
         live = [p for p in group if p.alive]
         for proc in live:
             proc.signal_group(signal.SIGTERM)
             proc.signal_group(signal.SIGCONT)  # a stopped process must run to see SIGTERM
+        again = list(then_again or []) if once_gone else []
         deadline = time.monotonic() + self.spec.grace_s
         while any(p.alive for p in live) and time.monotonic() < deadline:
+            if again and not any(p.alive for p in once_gone or []):
+                for proc in again:
+                    if proc.alive:
+                        proc.signal_group(signal.SIGTERM)
+                again = []
             await asyncio.sleep(POLL_S)
         for proc in live:
             if proc.signal_group(signal.SIGKILL):

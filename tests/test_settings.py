@@ -33,7 +33,6 @@ from launch.commands import (
 from launch.topology import FleetSpec, TopologySpec
 from mocker.cli import main as mocker_main
 from mocker.engine import EngineArgs
-from tests.no_grace import no_grace_topology
 from tests.usage_errors import assert_usage_error, usage_cases
 
 COMMANDS: dict[type[Settings], click.Command] = {
@@ -229,7 +228,7 @@ def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path)
     for extra, isolated in (([], True), (["--in-process-client"], False)):
         out = tmp_path / f"run-{isolated}"
         proc = subprocess.run(
-            [lab, "sweep", *no_grace_topology(tmp_path), "--conc", "1", "--requests", "4",
+            [lab, "sweep", "--conc", "1", "--requests", "4",
              "--warmup", "0", "--osl", "4", "--isl", "8", "--speedup", "0", "--no-plots",
              "--quiet", "--out", str(out), *extra],
             capture_output=True, text=True, timeout=120)

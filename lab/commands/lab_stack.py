@@ -13,13 +13,6 @@ from launch.cli_options import spec_from_options
 
 T = TypeVar("T")
 
-#: `lab sidecar --grace-period` of the private stack: the default grace keeps a withdrawn
-#: sidecar serving (5 s) for frontends that have not yet seen the withdrawal, but this stack's
-#: only frontend is stopped first and nothing else routes to it, so the grace would only delay
-#: the teardown (5 s per stack, at the end of every `lab calibrate` and `lab fidelity` arm)
-PRIVATE_SIDECAR_GRACE_S = 0.0
-
-
 def lab_spec(*, engine_args: str | None = None, speedup: float | None = None,
              tokenizer: str | None = None, disagg: bool = False,
              name: str = "lab") -> Any:
@@ -29,12 +22,6 @@ def lab_spec(*, engine_args: str | None = None, speedup: float | None = None,
                              disagg=True if disagg else None, name=name)
     if engine_args is not None:
         check_engine_args(spec)
-    from lab.shared.sidecar_settings import SidecarSettings
-
-    # (model_construct: the one field, without the required ones a whole sidecar needs)
-    no_grace = SidecarSettings.model_construct(grace_period=PRIVATE_SIDECAR_GRACE_S).to_argv()
-    for fleet in spec.fleets:
-        fleet.extra_sidecar_args = [*fleet.extra_sidecar_args, *no_grace]
     return spec
 
 

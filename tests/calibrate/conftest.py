@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.calibrate.curves import write_true_engine
-from tests.no_grace import no_grace_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -28,9 +27,11 @@ def true_engine_args(tmp_path: Path) -> Path:
     return write_true_engine(tmp_path / "true")
 
 
-def _stack(stack: Path, engine_args: Path, roles: tuple[str, ...] = ()) -> Iterator[str]:
-    up = lab("up", "--detach", *no_grace_topology(stack.parent, roles), "--engine-args",
-             str(engine_args), "--speedup", "1", "--out", str(stack))
+def _stack(stack: Path, engine_args: Path, disagg: bool = False) -> Iterator[str]:
+    """A detached `lab up` (1 prefill + 1 decode with `disagg`): its URL, `lab down` after."""
+    shape = ["--disagg", "--prefill", "1", "--decode", "1"] if disagg else []
+    up = lab("up", "--detach", *shape, "--engine-args", str(engine_args), "--speedup", "1",
+             "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield next(w for w in up.stdout.split() if w.startswith("http://"))
@@ -47,7 +48,7 @@ def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
 @pytest.fixture
 def true_disagg_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
     """The same curve, 1 prefill + 1 decode engine."""
-    yield from _stack(tmp_path / "target-disagg", true_engine_args, ("prefill", "decode"))
+    yield from _stack(tmp_path / "target-disagg", true_engine_args, disagg=True)
 
 
 @pytest.fixture

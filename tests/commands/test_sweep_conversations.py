@@ -14,7 +14,6 @@ import pandas as pd
 from click.testing import CliRunner
 
 from lab.commands.sweep import sweep
-from tests.no_grace import no_grace_topology
 from tests.usage_errors import assert_usage_error, usage_cases
 
 LAB = str(Path(sys.executable).parent / "lab")
@@ -34,7 +33,7 @@ def test_conversation_conflicts_are_usage_errors(args: list[str], named: str) ->
 
 def _sweep(run: Path, *level: str) -> pd.DataFrame:
     proc = subprocess.run(
-        [LAB, "sweep", *no_grace_topology(run.parent), "--endpoint", "chat", "--turns",
+        [LAB, "sweep", "--endpoint", "chat", "--turns",
          str(TURNS), "--think-ms", "20",
          "--isl", str(ISL), "--osl", str(OSL), "--requests", "6", "--warmup", "0",
          "--speedup", "1000", *level, "--out", str(run), "--quiet", "--no-plots"],

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from lab.analysis.rundir import read_requests
-from tests.no_grace import no_grace_topology
 from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
 
 OSL = 16
@@ -79,7 +78,7 @@ def check_levels(run: Path, req: pd.DataFrame, concs: list[int]) -> pd.DataFrame
 
 def test_launched_sweep(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = lab("sweep", *no_grace_topology(tmp_path), "--conc", "1,4", "--requests",
+    proc = lab("sweep", "--conc", "1,4", "--requests",
                str(REQUESTS), "--osl", str(OSL), "--isl", str(ISL), "--out", str(run), "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| Conc |" in proc.stdout and "knee" in proc.stdout

@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from lab.commands.sweep import sweep
 from lab.commands.trace import trace
 from lab.load.trace import expected_cached_tokens, offsets_ns, read_trace
-from tests.no_grace import no_grace_topology
 from tests.usage_errors import assert_usage_error, usage_cases
 
 LAB = str(Path(sys.executable).parent / "lab")
@@ -67,7 +66,7 @@ def test_replay_keeps_the_trace_times_and_its_prefix_reuse(tmp_path: Path) -> No
     assert result.exit_code == 0 and "reused blocks" in result.output, result.output
     requests = read_trace(path)
     proc = subprocess.run(
-        [LAB, "sweep", *no_grace_topology(tmp_path), "--trace", str(path), "--speedup", "1000",
+        [LAB, "sweep", "--trace", str(path), "--speedup", "1000",
          "--out", str(run), "--quiet", "--no-plots"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = pd.read_parquet(run / "requests.parquet").sort_values("index")

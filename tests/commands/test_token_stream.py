@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from lab.analysis.rundir import read_requests
-from tests.no_grace import no_grace_topology
 
 OSL = 128
 
@@ -25,7 +24,7 @@ def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def sweep(run: Path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    proc = lab("sweep", *no_grace_topology(run.parent), "--osl", str(OSL), "--isl", "32",
+    proc = lab("sweep", "--osl", str(OSL), "--isl", "32",
                "--out", str(run), "--quiet", "--no-plots", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = read_requests(run)
@@ -81,7 +80,7 @@ def test_stream_interval_8_gives_16_events_of_8_tokens(tmp_path: Path) -> None:
 def test_a_client_that_stops_reading_does_not_stall_the_other_streams(tmp_path: Path) -> None:
     """A raw HTTP client asks for a long stream and never reads it (its socket buffers fill,
     the frontend's writes block); meanwhile a sweep on the same stack gets every event."""
-    up = lab("up", "--detach", *no_grace_topology(tmp_path), "--out", str(tmp_path / "stack"),
+    up = lab("up", "--detach", "--out", str(tmp_path / "stack"),
              timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     url = next(w for w in up.stdout.split() if w.startswith("http://"))

@@ -69,6 +69,26 @@ async def test_real_aggregated_then_disaggregated(tmp_path: Path) -> None:
         assert not any(alive(*p) for p in pids)
 
 
+async def test_a_stack_that_served_nothing_stops_without_the_sidecar_grace(
+        tmp_path: Path) -> None:
+    """No request ever reached the sidecar, so no frontend ever connected to it and its grace
+    could not end early; the launcher sends it a second SIGTERM once the frontend has exited,
+    and the stack stops long before the 60 s grace (and the launcher's 30 s SIGKILL)."""
+    spec = TopologySpec.aggregated(speedup=0, grace_s=30,
+                                   extra_sidecar_args=["--grace-period", "60"])
+    async with Stack(spec, tmp_path / "run") as stack:
+        pids = [(v.pid, v.create_time) for v in stack.processes()]
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 15, "the sidecar waited out its grace period"
+    assert not any(alive(*p) for p in pids)
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    assert not [e for e in events if e["event"] == "kill"], events
+    exits = {e["name"]: e["code"] for e in events if e["event"] == "exit"}
+    assert exits == {"frontend": 0, "sidecar-0": 0, "engine-0": 0}
+    log = (tmp_path / "run" / "logs" / "sidecar-0.log").read_text()
+    assert "SIGTERM received again: no grace period, no drain" in log
+
+
 async def test_real_engine_loss_restarts_sidecar_which_registers_again(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     async with Stack(TopologySpec.disaggregated(**FAST), run_dir) as stack:

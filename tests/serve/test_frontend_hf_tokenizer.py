@@ -22,7 +22,6 @@ from launch.commands import Programs, engine_argv, frontend_argv
 from launch.errors import TopologyError
 from launch.topology import TopologySpec
 from tests.load.small_tokenizer import VOCAB_SIZE, make_tokenizer
-from tests.no_grace import no_grace_topology
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +133,7 @@ def test_tokenizer_flag_reaches_the_frontend(tok_dir: Path, tmp_path: Path) -> N
 def test_launched_sweep_with_tokenizer_counts_exact_prompt_tokens(tok_dir: Path,
                                                                   tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = CliRunner().invoke(sweep, [*no_grace_topology(tmp_path), "--tokenizer",
+    result = CliRunner().invoke(sweep, ["--tokenizer",
                                         str(tok_dir), "--conc", "1,2",
                                         "--requests", "8", "--warmup", "1", "--isl", "40",
                                         "--osl", "8", "--out", str(out), "--quiet",

@@ -268,6 +268,26 @@ async def test_the_grace_ends_once_no_connected_frontend_is_left(
     assert "the grace period ends early" in sidecar.log()
 
 
+async def test_a_second_sigterm_ends_the_grace_and_the_drain_at_once(
+    spawn, disc: Path, registry: FileRegistry
+) -> None:
+    """A sidecar no frontend ever connected to serves its whole grace after SIGTERM (60 s here:
+    a frontend that read its record may still come); a second SIGTERM stops it now."""
+    engine = spawn("engine-0", engine_argv())
+    sidecar = spawn(
+        "sidecar-0", sidecar_argv(engine.address, disc, "sidecar-0", "--grace-period", "60")
+    )
+    sidecar.signal(signal.SIGTERM)
+    await wait_gone(registry, "sidecar-0")
+    await wait_for(lambda: "serving for the 60 s grace period" in sidecar.log())
+    assert sidecar.popen.poll() is None
+    again = time.monotonic()
+    sidecar.signal(signal.SIGTERM)
+    assert await wait_exit(sidecar, timeout=30) == 0
+    assert time.monotonic() - again < 15, "the sidecar waited out its grace period"
+    assert "SIGTERM received again: no grace period, no drain" in sidecar.log()
+
+
 @pytest.mark.parametrize("fault", ["not_serving", "kill"])
 async def test_engine_loss_withdraws_while_running_then_exits_1(
     spawn, disc: Path, registry: FileRegistry, fault: str

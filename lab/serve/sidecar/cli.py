@@ -27,8 +27,9 @@ def sidecar(settings: SidecarSettings) -> None:
     """Run one sidecar: speak openengine.v1 to ENGINE, serve the request plane, register in
     discovery, watch the engine's liveness.
 
-    Exit codes: 0 after SIGTERM/SIGINT (withdraw, grace period, drain), 1 when the engine is
-    lost or unusable at start-up, 2 on bad options.
+    Exit codes: 0 after SIGTERM/SIGINT (withdraw, grace period, drain; a second signal skips
+    what is left of the grace and the drain), 1 when the engine is lost or unusable at start-up,
+    2 on bad options.
     """
     s = settings
     _check_etcd(s.discovery)

@@ -9,6 +9,8 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -49,6 +51,15 @@ def load_dict(load) -> dict:
     return out
 
 
+async def _first_of(*waits: Coroutine[Any, Any, object]) -> None:
+    """Until the first of `waits` finishes; the others are cancelled and awaited."""
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(w) for w in waits]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+
+
 class _Active:
     """One in-flight request: what a forced drain needs to end it."""
 
@@ -69,6 +80,8 @@ class Sidecar:
         self._active: set[_Active] = set()
         self._idle: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
+        # a second SIGTERM/SIGINT: end the grace period and the drain at once
+        self._stop_now: asyncio.Event | None = None
         self.loss: EngineLoss | None = None
         self.received = MessageCounter()
         self.stalled: str | None = None  # why the worker is out of rotation (engine stalled)
@@ -155,15 +168,15 @@ class Sidecar:
                 active.call.cancel()
 
     async def _wait_idle(self, timeout_s: float) -> bool:
-        assert self._idle is not None
+        """Until nothing is in flight (True), or False when `timeout_s` passes or a second
+        signal says stop now."""
+        assert self._idle is not None and self._stop_now is not None
         if not self._active:
             return True
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-            return True
-        except TimeoutError:
-            return False
+                await _first_of(self._idle.wait(), self._stop_now.wait())
+        return self._idle.is_set()
 
     # -- background loops -----------------------------------------------------------------------
 
@@ -300,6 +313,7 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         cfg = self.settings
         self._stop = asyncio.Event()
+        self._stop_now = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         main = asyncio.current_task()
@@ -307,10 +321,15 @@ class Sidecar:
         starting = True
 
         def on_signal(signame: str) -> None:
+            assert self._stop is not None and self._stop_now is not None
+            if self._stop.is_set():
+                log.info("%s received again: no grace period, no drain", signame)
+                self._stop_now.set()
+                return
             log.info("%s received", signame)
             if starting:
                 main.cancel()
-            self._stop.set()  # type: ignore[union-attr]
+            self._stop.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig.name)
@@ -370,8 +389,7 @@ class Sidecar:
             await self.link.close()
             await registry.close()
 
-    @staticmethod
-    async def _grace(server: RequestPlaneServer, seconds: float) -> None:
+    async def _grace(self, server: RequestPlaneServer, seconds: float) -> None:
         """The serving grace after a withdrawal, for frontends that have not seen it yet.
 
         Where frontends have connected, it ends as soon as none is connected: a frontend
@@ -380,14 +398,16 @@ class Sidecar:
         and the grace cost every launched stack 5 s). A frontend that has read the record but
         never connected is the one it misses: its first request finds no listener and is
         retried on another worker. Where no frontend ever connected, one may still come: the
-        whole grace."""
-        if not server.ever_connected:
-            await asyncio.sleep(seconds)
-            return
+        whole grace, unless a second signal says stop now (the launcher sends one once its
+        stack's frontend has exited)."""
+        assert self._stop_now is not None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
-                await server.wait_unconnected()
-        if not server.connected:
+                if not server.ever_connected:
+                    await self._stop_now.wait()
+                    return
+                await _first_of(server.wait_unconnected(), self._stop_now.wait())
+        if server.ever_connected and not server.connected:
             log.info("no frontend connected: the grace period ends early")
 
     def _record(self, info: EngineInfo, address: str) -> WorkerRecord:
@@ -410,6 +430,7 @@ class Sidecar:
         cfg = self.settings
         loss = self.loss
         assert loss is not None and self._stop is not None and self.link is not None
+        assert self._stop_now is not None
         monitor = LoadMonitor(loss, record.instance_id, cfg.stale_load, time.monotonic())
         stall = StallCheck(cfg.stall, time.monotonic())
         async with asyncio.TaskGroup() as tg:
@@ -446,7 +467,8 @@ class Sidecar:
                 self.admitting = False
                 log.info("refusing new requests; waiting for %d in flight", len(self._active))
                 if not await self._wait_idle(cfg.inflight_timeout):
-                    self._cut_active(f"worker {self.worker_id} stopped (drain timeout)")
+                    why = "stopped now" if self._stop_now.is_set() else "stopped (drain timeout)"
+                    self._cut_active(f"worker {self.worker_id} {why}")
                 if loss.resolved:
                     log.warning("%s (during the drain; exit code stays 0)", loss.message())
             for task in (watch, stop_wait, loss_wait):
