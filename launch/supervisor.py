@@ -407,8 +407,7 @@ class Supervisor:
         self.stopping = True
         for task in list(self._restart_tasks.values()):
             task.cancel()
-        await self._terminate([*self.fronts, *self.sidecars],
-                              then_again=self.sidecars, once_gone=self.fronts)
+        await self._terminate([*self.fronts, *self.sidecars], hurry_sidecars=bool(self.fronts))
         await self._terminate(self.engines)
         for proc in self.processes:
             if proc.state != "exited":
@@ -417,23 +416,20 @@ class Supervisor:
         self.on_change()
 
     async def _terminate(self, group: list[ManagedProcess], *,
-                         then_again: list[ManagedProcess] | None = None,
-                         once_gone: list[ManagedProcess] | None = None) -> None:
-        """SIGTERM `group`, wait up to the grace, SIGKILL what is left. With `once_gone`
-        (not empty): when all of those have exited, a second SIGTERM to `then_again`'s live
-        processes."""
+                         hurry_sidecars: bool = False) -> None:
+        """SIGTERM `group`, wait up to the grace, SIGKILL what is left. `hurry_sidecars`: once
+        the frontend has exited, a second SIGTERM to the sidecars still up."""
         live = [p for p in group if p.alive]
         for proc in live:
             proc.signal_group(signal.SIGTERM)
             proc.signal_group(signal.SIGCONT)  # a stopped process must run to see SIGTERM
-        again = list(then_again or []) if once_gone else []
         deadline = time.monotonic() + self.spec.grace_s
         while any(p.alive for p in live) and time.monotonic() < deadline:
-            if again and not any(p.alive for p in once_gone or []):
-                for proc in again:
+            if hurry_sidecars and not any(p.alive for p in self.fronts):
+                for proc in self.sidecars:
                     if proc.alive:
                         proc.signal_group(signal.SIGTERM)
-                again = []
+                hurry_sidecars = False
             await asyncio.sleep(POLL_S)
         for proc in live:
             if proc.signal_group(signal.SIGKILL):

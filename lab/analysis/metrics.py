@@ -121,16 +121,14 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
     the level, or one whose interval straddles its start, counts for its share only. (An
     unweighted mean of the samples in (start, end + one interval] moved a 1-2 s level's figure by
     up to a third with the phase of the 0.5 s sampling.) A pid's first sample covers one of its
-    usual intervals."""
+    usual intervals (a pid sampled once: the other pids' usual interval)."""
     if procs is None or procs.empty or start is None or end is None:
         return {}
     rows = procs.sort_values("t_ns", kind="stable")
     key = [rows["name"], rows["pid"]]
     since = rows.groupby(key)["t_ns"].shift()
     steps = rows.groupby(key)["t_ns"].transform(lambda t: t.diff().median())
-    times = np.sort(rows["t_ns"].unique())
-    fallback = float(np.median(np.diff(times))) if len(times) > 1 else 0.0
-    since = since.fillna(rows["t_ns"] - steps.fillna(fallback))
+    since = since.fillna(rows["t_ns"] - steps.fillna(steps.median()))
     overlap = (np.minimum(rows["t_ns"], end) - np.maximum(since, start)).clip(lower=0)
     win = rows.assign(overlap=overlap)[overlap > 0]
     if win.empty:

@@ -29,7 +29,7 @@ def true_engine_args(tmp_path: Path) -> Path:
 
 def _stack(stack: Path, engine_args: Path, disagg: bool = False) -> Iterator[str]:
     """A detached `lab up` (1 prefill + 1 decode with `disagg`): its URL, `lab down` after."""
-    shape = ["--disagg", "--prefill", "1", "--decode", "1"] if disagg else []
+    shape = ["--disagg"] if disagg else []
     up = lab("up", "--detach", *shape, "--engine-args", str(engine_args), "--speedup", "1",
              "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
