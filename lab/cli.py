@@ -26,7 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                   "Measure a --target and fit the mocker's timing to it."),
     "fidelity": ("lab.commands.fidelity:fidelity",
                  "Sweep a --target and the lab's stack side by side."),
-    "nagle": ("lab.commands.nagle:nagle", "Probe the idle-connection Nagle / delayed-ACK stall."),
+    "nagle": ("lab.nagle.command:nagle", "Probe the idle-connection Nagle / delayed-ACK stall."),
     "bench-discovery": ("lab.commands.discovery_bench:bench_discovery",
                         "Measure etcd discovery's CPU per worker event (docs/scale.md)."),
     "render": ("launch.k8s.cli:render", "Render a topology as Kubernetes manifests (render k8s)."),

@@ -1,7 +1,7 @@
 """`mocker bench`: what one engine costs on this machine.
 
 (a) pass cost: microseconds per scheduler pass at 1, 32, 128 and 256 running sequences
-    (`mocker.engine.bench.bench_pass_cost`);
+    (`mocker.engine.pass_cost.bench_pass_cost`);
 (b) drift: the engine loop at speedup 1 with 256 running sequences for N seconds; drift =
     (wall time - simulated time) / simulated time (target: within 2%);
 (c) streaming: tokens/s a `mocker serve --speedup-ratio 0` subprocess streams to a local
@@ -56,13 +56,13 @@ class StreamResult:
 
 
 def pass_costs(sizes: tuple[int, ...] = PASS_SIZES) -> dict[int, float]:
-    from mocker.engine.bench import bench_pass_cost
+    from mocker.engine.pass_cost import bench_pass_cost
 
     return {n: bench_pass_cost(n) for n in sizes}
 
 
 def fast_forward_costs(sizes: tuple[int, ...] = PASS_SIZES) -> dict[int, float]:
-    from mocker.engine.bench import bench_fast_forward_cost
+    from mocker.engine.pass_cost import bench_fast_forward_cost
 
     return {n: bench_fast_forward_cost(n) for n in sizes}
 
@@ -70,7 +70,7 @@ def fast_forward_costs(sizes: tuple[int, ...] = PASS_SIZES) -> dict[int, float]:
 async def measure_drift(seconds: float, running: int = DRIFT_RUNNING) -> DriftResult:
     """Run the real EngineLoop (with per-request delivery) at speedup 1 for `seconds`."""
     from mocker.engine import EngineArgs
-    from mocker.engine.bench import long_running_scheduler
+    from mocker.engine.pass_cost import long_running_scheduler
     from mocker.server.engine_loop import EngineLoop
     from mocker.server.inflight import LiveRequest
 
@@ -208,8 +208,3 @@ def run_bench(
                 f"{s.tokens / max(s.messages, 1):.2f} tokens per TokenOutput, {s.errors} errors"
             )
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from mocker.cli import bench
-
-    bench()

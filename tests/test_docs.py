@@ -14,7 +14,7 @@ Only text in backticks is read, outside code blocks (fenced, or indented after a
 A. Paths. A token that starts with one of the repository's top-level directories (`lab/`,
    `mocker/`, `launch/`, `tests/`, `proto/`, `docs/`, `.ci/`) names a file or directory that
    exists (a glob matches something). A bare `name.py` lies in the directory of a path cited on
-   the same page (`lab/analysis/nagle.py`, `nagle_verdict.py`).
+   the same page (`lab/nagle/stats.py`, `verdict.py`).
 B. Dotted module names. A token `lab.x.y[.Name[.member]]` (the first part one of our packages)
    resolves: the longest prefix that is a module, then a definition of that module, then a member
    of that class.
@@ -468,8 +468,8 @@ def test_a_missing_name_fails_naming_page_line_and_name(
     [
         # what exists, in each rule's form
         "(`lab/serve/sidecar/sidecar.py`, `Sidecar.handle`); `lab/serve/sidecar/`",
-        "`lab/analysis/nagle.py`, `nagle_verdict.py`, `nagle_words.py`",
-        "`python -m lab.wire.h2grpc.bench`; `mocker.server.recorder.list_recorded`",
+        "`lab/nagle/stats.py`, `verdict.py`, `words.py`",
+        "`python -m tests.bench.h2grpc_bench`; `mocker.server.recorder.list_recorded`",
         "`lab/serve/request_plane/sockets.py`; `sockets.FramedConnection.queue_frame`",
         "`with_request_times` in `lab/analysis/request_times.py`",
         "`lab/shared/settings.py` `SocketSettings`: `client_nodelay`, `split_writes`",

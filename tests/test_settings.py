@@ -241,13 +241,13 @@ def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path)
 
 def _command_models() -> dict[type[Settings], click.Command]:
     from lab.commands.discovery_bench import DiscoveryBenchSettings, bench_discovery
-    from lab.commands.nagle import nagle
-    from lab.commands.nagle_settings import NagleSettings
-    from lab.commands.shard import ShardSettings
     from lab.commands.sweep import sweep
-    from lab.commands.sweep_settings import SweepSettings
-    from lab.load.arrival_settings import ArrivalSettings
     from lab.load.client_settings import ClientSettings
+    from lab.nagle.command import nagle
+    from lab.nagle.settings import NagleSettings
+    from lab.open_loop.arrival_settings import ArrivalSettings
+    from lab.sweep.shard import ShardSettings
+    from lab.sweep.sweep_settings import SweepSettings
     from launch.cli import UpSettings, up
     from launch.topology_settings import TopologySettings
 
@@ -261,7 +261,7 @@ def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
     (more than one where a cross-field check forbids setting every field at once)."""
     import os
 
-    from lab.commands.sweep_settings import FaultSpec
+    from lab.sweep.sweep_settings import FaultSpec
 
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text("{}")

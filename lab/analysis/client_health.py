@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from lab.analysis.metrics import describe, measured
 from lab.analysis.request_times import NS_PER_MS
+from lab.analysis.stats import describe, measured
 
 NS_PER_S = 1e9
 

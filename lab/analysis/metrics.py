@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lab.analysis.levels import level_key, level_keys
 from lab.analysis.request_times import NS_PER_MS
-
-STATS = ("avg", "std", "min", "p50", "p90", "p95", "p99", "max")
-PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
+from lab.analysis.stats import STATS, describe, measured
+from lab.open_loop.figures import open_loop_figures
 
 
 @dataclass(frozen=True)
@@ -50,24 +50,6 @@ class SLOs:
         return any(v is not None for v in (self.ttft_ms, self.latency_ms, self.itl_ms))
 
 
-def describe(values: Any) -> dict[str, float | None]:
-    """Exact summary statistics: avg, std (population), min, p50, p90, p95, p99, max."""
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
-    arr = arr[~np.isnan(arr)]
-    if arr.size == 0:
-        return dict.fromkeys(STATS)
-    out: dict[str, float | None] = {
-        "avg": float(arr.mean()),
-        "std": float(arr.std()),
-        "min": float(arr.min()),
-        "max": float(arr.max()),
-    }
-    pct = np.percentile(arr, list(PERCENTILES.values()))
-    for name, value in zip(PERCENTILES, pct, strict=True):
-        out[name] = float(value)
-    return out
-
-
 def chunk_gaps_ms(df: pd.DataFrame) -> np.ndarray:
     """Every gap between consecutive content chunks, pooled over the rows' requests (ms)."""
     parts = [np.diff(np.asarray(t, dtype=np.int64)) for t in df["chunk_times_ns"]
@@ -75,11 +57,6 @@ def chunk_gaps_ms(df: pd.DataFrame) -> np.ndarray:
     if not parts:
         return np.empty(0)
     return np.concatenate(parts) / NS_PER_MS
-
-
-def measured(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows that count for statistics (warm-up excluded)."""
-    return df[~df["warmup"].astype(bool)]
 
 
 def window_ns(df: pd.DataFrame) -> tuple[int | None, int | None]:
@@ -201,8 +178,6 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
         row["goodput_req_s"] = len(good) / duration_s if duration_s > 0 else None
     client = client or {}
     if "rate" in df and df["rate"].notna().any():
-        from lab.analysis.open_loop import open_loop_figures
-
         row.update(open_loop_figures(df))
     row["client_procs"] = client.get("procs")
     row["client_cpu_pct"] = client.get("cpu_pct")
@@ -251,27 +226,6 @@ def requested_vs_reported(ok_rows: pd.DataFrame) -> dict[str, float | None]:
 
 def _numeric_or_none(values: pd.Series) -> bool:
     return bool(values.map(lambda v: v is None or isinstance(v, int | float)).all())
-
-
-def level_key(concurrency: int, repeat: int, rate: float | None = None) -> str:
-    """A level's key in client.json: 'C/R', or 'rate=X/R' for an open-loop level."""
-    if rate is None or pd.isna(rate):
-        return f"{concurrency}/{repeat}"
-    return f"rate={float(rate):g}/{repeat}"
-
-
-def level_keys(frame: pd.DataFrame) -> list[str]:
-    """The columns a level is grouped by: concurrency and repeat, plus rate in an open-loop run."""
-    rated = "rate" in frame and frame["rate"].notna().any()
-    return ["concurrency", "rate", "repeat"] if rated else ["concurrency", "repeat"]
-
-
-def level_label(row: Any) -> str:
-    """'c=32', or 'rate=50/s' for an open-loop level (a levels.csv row)."""
-    rate = row.get("rate") if hasattr(row, "get") else None
-    if rate is not None and not pd.isna(rate):
-        return f"rate={float(rate):g}/s"
-    return f"c={int(row['concurrency'])}"
 
 
 def summarize_run(requests: pd.DataFrame, *, procs: pd.DataFrame | None = None,

@@ -26,9 +26,10 @@ import pandas as pd
 import pyarrow as pa
 
 from lab.analysis import rundir
-from lab.analysis.metrics import describe, level_key, measured
+from lab.analysis.levels import level_key
+from lab.analysis.stats import describe, measured
 
-SHARD_JSON = "shard.json"  # written by lab.commands.shard
+SHARD_JSON = "shard.json"  # written by lab.sweep.shard
 STAMP_COLUMNS = ("intended_ns", "scheduled_ns", "sent_ns", "first_ns", "end_ns", "done_ns")
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lab.analysis.metrics import level_keys
+from lab.analysis.levels import level_keys
 
 BIN_NS = 1_000_000_000
 #: A level's stamps spanning more seconds than this are not on one clock (e.g. shards whose

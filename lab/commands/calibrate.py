@@ -12,13 +12,13 @@ from typing import Any
 
 import click
 
-from lab.calibrate import probes as P
-from lab.commands.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
 from lab.commands.sweep import make_dir
-from lab.commands.sweep_settings import SweepSettings
-from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
+from lab.fidelity import probes as P
 from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
+from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
+from lab.sweep.sweep_settings import SweepSettings
+from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_options
 from launch.topology_settings import TopologySettings
 
 LAB_PATH_OSL = 2  # the lab-path probes need a first token only (and one gap to be a stream)
@@ -156,8 +156,8 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
                     workload: Any, kw: dict, say: Any) -> int:
     import uvloop
 
-    from lab.calibrate.fit import engine_args, fit_profile, write_profile
-    from lab.calibrate.report import fit_markdown
+    from lab.fidelity.fit import engine_args, fit_profile, write_profile
+    from lab.fidelity.fit_report import fit_markdown
     from lab.load.client import ClientOptions
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
@@ -189,7 +189,7 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
         default=str) + "\n")
     plot = None
     if not kw["no_plots"]:
-        from lab.calibrate.plot import fit_plot
+        from lab.fidelity.fit_plot import fit_plot
 
         plot = fit_plot(fit, results, run_dir / "plots" / "fit.png")
     text = fit_markdown(fit, results, url, plot)
@@ -210,7 +210,7 @@ async def measure(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet, wo
         results = await P.run_probes(probes, url, model, workload, run_dir / "probes", client,
                                      progress, say)
         return results, {isl: float(kw["lab_path_ms"]) for isl in probe_set.context_isl}
-    from lab.commands.lab_stack import lab_spec, on_stack
+    from lab.fidelity.lab_stack import lab_spec, on_stack
 
     out_dir = run_dir / "lab-path"
     out_dir.mkdir()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from lab.commands.run_options import option_of
-from lab.commands.sweep_settings import SweepSettings
+from lab.sweep.run_options import option_of
+from lab.sweep.sweep_settings import SweepSettings
 
 
 @click.command()

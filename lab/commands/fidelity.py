@@ -13,14 +13,14 @@ from typing import Any
 import click
 
 from lab.commands.calibrate import say_to_stderr
-from lab.commands.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
 from lab.commands.sweep import make_dir
-from lab.commands.sweep_settings import SweepSettings
-from lab.commands.target import prompt_form_options, target_or_exit, workload_from_options
 from lab.load.client_settings import ClientSettings
 from lab.load.sweep import SweepPlan
 from lab.shared.config_cli import field_option
 from lab.shared.engine_settings import EngineSettings
+from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
+from lab.sweep.sweep_settings import SweepSettings
+from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_options
 from launch.topology_settings import TopologySettings
 
 DEFAULT_CONC = "1,32,128"
@@ -105,7 +105,7 @@ def fidelity(**kw: Any) -> None:
     fidelity.md, fidelity.json, plots/fidelity.png and (without --repeat) compare/, the `lab
     compare` overlays.
     """
-    from lab.commands.lab_stack import lab_spec
+    from lab.fidelity.lab_stack import lab_spec
 
     concs = tuple(kw["conc"])
     workload = workload_from_options(kw, target=kw["target"])
@@ -203,7 +203,7 @@ def run_fidelity(run_dir: Path, sides: list[Side], concs: tuple[int, ...], workl
 
 async def _sweep_side(out: Path, side: Side, plan: Any, model: str, progress: Any,
                       say: Any) -> None:
-    from lab.commands.lab_stack import on_stack
+    from lab.fidelity.lab_stack import on_stack
     from lab.load.sweep import SweepRunner
     from launch.config import write_config
 

@@ -1,7 +1,7 @@
 """`lab sweep`: launch a stack (or use --target), drive each concurrency level, and leave a run
 directory that answers "where is the knee, and what does disaggregation cost?".
 
-The options are generated from `SweepSettings` (lab.commands.sweep_settings), the load client's
+The options are generated from `SweepSettings` (lab.sweep.sweep_settings), the load client's
 `ClientSettings` (lab.load.client_settings) and the topology options (launch.cli_options)."""
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from lab.commands.shard import ShardPlan, ShardSettings, plan_shard
-from lab.commands.shard import start as shard_start
-from lab.commands.sweep_settings import (
+from lab.load.client_settings import ClientSettings
+from lab.load.conversation_settings import ConversationSettings
+from lab.load.ray_settings import RaySettings
+from lab.load.trace_settings import TraceSettings
+from lab.open_loop.arrival_settings import ArrivalSettings
+from lab.shared.config_cli import options
+from lab.sweep.shard import ShardPlan, ShardSettings, plan_shard
+from lab.sweep.shard import start as shard_start
+from lab.sweep.sweep_settings import (
     FaultSpec,
     SweepSettings,
     parse_conc,
     parse_faults,
     parse_server_pids,
 )
-from lab.commands.target import target_or_exit, workload_from_options
-from lab.load.arrival_settings import ArrivalSettings
-from lab.load.client_settings import ClientSettings
-from lab.load.conversation_settings import ConversationSettings
-from lab.load.ray_settings import RaySettings
-from lab.load.trace_settings import TraceSettings
-from lab.shared.config_cli import options
+from lab.sweep.target import target_or_exit, workload_from_options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY
 from launch.topology import TopologySpec

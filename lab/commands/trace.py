@@ -11,12 +11,12 @@ from lab.load.trace_settings import TraceSettings, TraceSynthSettings
 from lab.shared.config_cli import options
 
 if TYPE_CHECKING:
-    from lab.commands.sweep_settings import SweepSettings
-    from lab.load.arrival_settings import ArrivalSettings
     from lab.load.client_settings import ClientSettings
     from lab.load.conversation_settings import ConversationSettings
     from lab.load.sweep import TracePlan
     from lab.load.workload import WorkloadSpec
+    from lab.open_loop.arrival_settings import ArrivalSettings
+    from lab.sweep.sweep_settings import SweepSettings
 
 
 def check_trace_conflicts(arrival: ArrivalSettings, *, conc_given: bool) -> None:

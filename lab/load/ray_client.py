@@ -2,7 +2,7 @@
 --ray`; docs/ray.md).
 
 What a level does with them is what it does with `--client-procs` processes (`lab.load.client`,
-`lab.load.open_loop`), with the cluster in place of one machine:
+`lab.open_loop.client`), with the cluster in place of one machine:
 
 - One actor per placement-group bundle (SPREAD or STRICT_SPREAD), created once per sweep. A
   closed-loop level's concurrency is split over the actors by `split_share`, as over client
@@ -46,10 +46,10 @@ from lab.load.client import (
     share_indices,
     split_share,
 )
-from lab.load.open_loop import _OpenDriver
 from lab.load.ray_settings import RaySettings
 from lab.load.record import RECORD_FIELDS, RequestRecord, Sent
 from lab.load.sse import RawResponse
+from lab.open_loop.client import _OpenDriver
 from lab.shared.ray_connect import ClockOffset, RayConnectError, connect, measure_offset
 
 #: An actor sends the records it finished at least this often.
@@ -164,7 +164,7 @@ class _Share:
 
 class RayClientPool:
     """The sweep's client actors on a Ray cluster: `closed` and `open` run one level's share
-    on each (what `lab.load.client.run_level` and `lab.load.open_loop.run_rate_level` do with
+    on each (what `lab.load.client.run_level` and `lab.open_loop.client.run_rate_level` do with
     local processes), `placement()` says where each runs, `close()` frees the cluster."""
 
     def __init__(self, settings: RaySettings) -> None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lab.load.arrivals import split_streams
 from lab.load.workload import LazyRequests
+from lab.open_loop.arrivals import split_streams
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,18 @@ import pandas as pd
 from lab.analysis import rundir
 from lab.analysis.checks import failed_sentence
 from lab.analysis.client_health import client_health
-from lab.analysis.metrics import level_key, summarize_run
+from lab.analysis.levels import level_key
+from lab.analysis.metrics import summarize_run
 from lab.analysis.request_times import requests_frame
-from lab.load.arrivals import ArrivalProcess, schedule_seed
 from lab.load.client import ClientOptions, LevelProgress, LevelResult, RemoteClients, run_level
 from lab.load.conversation import Conversations, run_conversation_level
-from lab.load.open_loop import run_rate_level
-from lab.load.rate_search import AUTO_CONCURRENCY, next_rate
 from lab.load.record import RequestRecord, rows
 from lab.load.stream_share import PickedRequests, StreamShare
 from lab.load.trace import TraceRequest, TraceRequestSet, offered_rate, offsets_ns
 from lab.load.workload import RequestSet, WorkloadSpec
+from lab.open_loop.arrivals import ArrivalProcess, schedule_seed
+from lab.open_loop.client import run_rate_level
+from lab.open_loop.rate_search import AUTO_CONCURRENCY, next_rate
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
 
@@ -90,7 +91,7 @@ class SweepPlan:
     rates: list[float] | None = None
     arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
     max_concurrency: int | None = None
-    rate_auto: bool = False  # --rate auto: search the saturation rate (lab.load.rate_search)
+    rate_auto: bool = False  # --rate auto: search the saturation rate (lab.open_loop.rate_search)
     trace: TracePlan | None = None  # --trace: replay a trace instead of levels
     # --turns/--think-ms: a level's requests are conversations' turns (lab.load.conversation)
     conversations: Conversations = field(default_factory=Conversations)
@@ -252,7 +253,7 @@ class SweepRunner:
 
     async def run_rate(self, rate: float, repeat: int) -> LevelResult:
         """One open-loop level: its seeded schedule (--requests arrivals, or those within
-        --duration), sent at the intended times (`lab.load.open_loop`)."""
+        --duration), sent at the intended times (`lab.open_loop.client`)."""
         plan = self.plan
         warmup = plan.warmup or 0
         seed = schedule_seed(plan.workload.seed, rate, repeat)

@@ -11,7 +11,7 @@ A block's tokens are a seeded function of (seed, hash id): equal ids are equal t
 (exact in any tokenizer, since ids are what is sent; within the --tokenizer's vocabulary when
 given), and a partial last block is the first tokens of its full block. Request i is due
 `(timestamp_i - timestamp_0) / speed` after the level's start, through the same open-loop
-scheduler as `--rate` (`lab.load.open_loop`), which records intended and actual sends.
+scheduler as `--rate` (`lab.open_loop.client`), which records intended and actual sends.
 
 `expected_cached_tokens` is the prefix reuse the trace itself implies: per request, the tokens
 of its leading blocks that an earlier request already had (a prefix cache's hit, given room).

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab.load.arrival_settings import MAX_RATE, parse_arrival
-from lab.load.arrivals import ArrivalProcess
 from lab.load.trace import MOONCAKE_BLOCK_SIZE
 from lab.load.trace_synth import SynthSpec
+from lab.open_loop.arrival_settings import MAX_RATE, parse_arrival
+from lab.open_loop.arrivals import ArrivalProcess
 from lab.shared.config_cli import MAX_SEED, Settings, setting
 
 #: The longest prompt or output a synthetic request may have, in tokens.

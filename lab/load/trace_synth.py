@@ -1,7 +1,7 @@
 """`lab trace synth`: a mooncake-format trace with chosen arrivals, lengths and prefix reuse.
 
 For tests and for users without a trace of their own. Arrivals come from the open loop's
-arrival processes (`lab.load.arrivals`: poisson, gamma:CV, constant); lengths are normal around
+arrival processes (`lab.open_loop.arrivals`: poisson, gamma:CV, constant); lengths are normal around
 the asked mean (clipped to >= 1), as `lab sweep`'s; prefix reuse is `prefix_groups` shared
 prefixes of `prefix_blocks` blocks each: every request starts with one of them (drawn uniformly)
 and continues with blocks of its own, so the trace's reuse is about
@@ -15,8 +15,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from lab.load.arrivals import ArrivalProcess
 from lab.load.trace import MOONCAKE_BLOCK_SIZE, TraceRequest
+from lab.open_loop.arrivals import ArrivalProcess
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,12 @@ from lab.analysis import rundir
 from lab.analysis.checks import TokenCheck, failed_levels, token_check
 from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
-from lab.analysis.metrics import SLOs, by_concurrency, level_label, summarize_run
-from lab.analysis.open_loop import is_open_loop, schedule_sentence, sustained_sentence
+from lab.analysis.levels import level_label
+from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
 from lab.analysis.timeline import TimelineError, recovery, run_timeline
 from lab.analysis.turns import per_turn
-from lab.report import open_loop as open_loop_report
+from lab.open_loop import report as open_loop_report
+from lab.open_loop.figures import is_open_loop, schedule_sentence, sustained_sentence
 from lab.report import plots
 from lab.report.markdown import build_report, delivery_sentence, fnum
 from lab.report.shape import load_shape

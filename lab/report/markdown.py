@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from lab.analysis.knee import Knee
-from lab.analysis.metrics import level_label
+from lab.analysis.levels import level_label
 
 CLIENT_CPU_BUSY_PCT = 90.0  # a client process using this much of a core is saturated
 #: The client's event-loop lag delays its own stamps by up to the lag. It is flagged when its p99

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from lab.analysis.metrics import chunk_gaps_ms, measured
+from lab.analysis.metrics import chunk_gaps_ms
+from lab.analysis.stats import measured
 
 DPI = 110
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lab.analysis.metrics import level_label
+from lab.analysis.levels import level_label
 from lab.report.markdown import fnum, md_table
 
 

@@ -192,7 +192,7 @@ class ByteLevelDecoder:
         #: nothing held back and no bytes of an unfinished character pending: an ASCII chunk
         #: (most chunks: one token per chunk, and most tokens ASCII) is its own text, so the
         #: step skips the incremental decoder (0.3-0.5 against 2.0-2.1 us per one-id step,
-        #: `python -m tests.serve.decode_cost`)
+        #: `python -m tests.bench.decode_cost`)
         self._clean = True
 
     def step(self, ids: list[int]) -> str:

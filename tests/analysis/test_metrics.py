@@ -10,12 +10,12 @@ from lab.analysis.metrics import (
     SLOs,
     by_concurrency,
     chunk_gaps_ms,
-    describe,
     level_summary,
     process_figures,
     summarize_run,
 )
 from lab.analysis.request_times import requests_frame
+from lab.analysis.stats import describe
 
 MS = 1_000_000
 

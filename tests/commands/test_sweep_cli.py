@@ -149,9 +149,9 @@ def test_a_target_that_never_answers_names_the_wait_and_its_option(silent_url: s
 def test_every_sweep_and_client_setting_parses_back_from_its_argv(tmp_path: Path) -> None:
     """Each field set to a value other than its default, written as argv (to_argv) and parsed
     by the real `lab sweep`: the same settings (the generated options and the models agree)."""
-    from lab.commands.sweep_settings import FaultSpec, SweepSettings
     from lab.load.client_settings import ClientSettings
     from lab.shared.config_cli import parse_settings
+    from lab.sweep.sweep_settings import FaultSpec, SweepSettings
 
     given = {
         SweepSettings: SweepSettings(

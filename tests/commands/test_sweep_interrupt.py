@@ -37,7 +37,7 @@ ENDLESS_LEVEL = ("--duration", "300")
 
 
 def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_path: Path) -> None:
-    server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
+    server = spawn("fake", ["python", "-m", "tests.bench.fake_sse", "--token-interval-ms", "1"])
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "lab", "sweep", "--target", f"http://{server.address}",
@@ -70,7 +70,7 @@ def test_sigint_mid_level_stops_the_sweep_and_its_client_processes(spawn, tmp_pa
 
 
 def test_a_sigkilled_sweep_takes_its_client_processes_with_it(spawn, tmp_path: Path) -> None:
-    server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "1"])
+    server = spawn("fake", ["python", "-m", "tests.bench.fake_sse", "--token-interval-ms", "1"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "lab", "sweep", "--target", f"http://{server.address}",
          "--model", "fake", "--conc", "2", "--client-procs", "2", *ENDLESS_LEVEL,

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from lab.commands.nagle import nagle
 from lab.commands.report import report
 from lab.commands.sweep import sweep
+from lab.nagle.command import nagle
 from tests.load.small_tokenizer import make_tokenizer
 from tests.procs import Proc
 

@@ -1,7 +1,7 @@
 """N shard runs merged are one client's run: the same request count, the same requests, and the
 same percentiles within noise, closed loop (`--conc`) and open loop (`--rate`).
 
-Real processes: the fake SSE server (`lab.load.fake_sse`, one chunk per token every 2 ms), one
+Real processes: the fake SSE server (`tests.bench.fake_sse`, one chunk per token every 2 ms), one
 unsharded `lab sweep --target`, then 3 `lab sweep --shard I/3` processes started together that
 meet at an etcd barrier (`launch.etcd.LocalEtcd`, Debian's etcd-server), and `lab merge`. The
 unsharded run and the shards never run at the same time, so each meets the server alone.
@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from lab.commands.merge import merge
-from lab.load.arrivals import ArrivalProcess, schedule_seed
+from lab.open_loop.arrivals import ArrivalProcess, schedule_seed
 from launch.etcd import LocalEtcd, etcd_available
 from tests.procs import LAB_ARGV, Proc
 
@@ -75,7 +75,7 @@ def _close(a: float, b: float) -> bool:
 @pytest.mark.parametrize("mode", ["conc", "rate"])
 async def test_merged_shards_are_one_client(mode: str, spawn: Callable[..., Proc],
                                             tmp_path: Path) -> None:
-    server = spawn("fake", ["python", "-m", "lab.load.fake_sse", "--token-interval-ms", "2"])
+    server = spawn("fake", ["python", "-m", "tests.bench.fake_sse", "--token-interval-ms", "2"])
     level = ["--conc", str(SHARDS)] if mode == "conc" else ["--rate", f"{RATE:g}"]
     sweep = [*LAB_ARGV, "sweep", "--target", f"http://{server.address}", "--model", "fake",
              "--isl", "16", "--osl", "8", "--requests", str(REQUESTS), "--warmup", "0",

@@ -1,5 +1,5 @@
-"""`python -m lab.load.bench` end to end (tiny): the fake one-chunk-per-token server as its own
-process, the client in a child process, the figures printed."""
+"""`python -m tests.bench.load_bench` end to end (tiny): the fake one-chunk-per-token server as its
+own process, the client in a child process, the figures printed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 def test_bench_prints_cpu_and_send_delay() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "lab.load.bench", "--conc", "1,4", "--requests", "12",
+        [sys.executable, "-m", "tests.bench.load_bench", "--conc", "1,4", "--requests", "12",
          "--repeat", "1", "--osl", "16"],
         capture_output=True, text=True, timeout=120, check=True).stdout
     rows = [line for line in out.splitlines() if line.startswith("c=")]
@@ -24,6 +24,6 @@ def test_bench_prints_cpu_and_send_delay() -> None:
 
 
 def test_bench_rejects_bad_levels() -> None:
-    res = subprocess.run([sys.executable, "-m", "lab.load.bench", "--conc", "0,x"],
+    res = subprocess.run([sys.executable, "-m", "tests.bench.load_bench", "--conc", "0,x"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "--conc" in res.stderr

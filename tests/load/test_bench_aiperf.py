@@ -1,4 +1,4 @@
-"""`python -m lab.load.bench_aiperf`: bad input is a usage error naming the option, checked
+"""`python -m tests.bench.bench_aiperf`: bad input is a usage error naming the option, checked
 before anything is run against the target (the benchmark itself needs the Dynamo anchor and
 AIPerf: docs/open-loop.md "Against AIPerf")."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from lab.load.bench_aiperf import main
+from tests.bench.bench_aiperf import main
 from tests.usage_errors import assert_usage_error
 
 
@@ -46,7 +46,7 @@ def test_a_used_out_directory_is_refused(tmp_path: Path) -> None:
 def test_aiperf_runs_with_the_options_that_cut_its_cpu(tmp_path: Path) -> None:
     """run_aiperf hands aiperf.sh the rate, the arrival and AIPERF_LEAN_ARGS (a stand-in
     aiperf.sh records its argv and writes the summary.json a real one would)."""
-    from lab.load.bench_aiperf import AIPERF_LEAN_ARGS, run_aiperf
+    from tests.bench.bench_aiperf import AIPERF_LEAN_ARGS, run_aiperf
 
     anchors = tmp_path / "anchors"
     anchors.mkdir()

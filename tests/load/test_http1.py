@@ -13,10 +13,10 @@ import pytest
 
 from lab.load import http1
 from lab.load.client import ClientOptions, run_level
-from lab.load.fake_sse import serve
 from lab.load.http1 import Http1Connection, Origin, connect
 from lab.load.sse import RawResponse, parse_response, split_events
 from lab.load.workload import WorkloadSpec, build_requests
+from tests.bench.fake_sse import serve
 
 
 class _Transport:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from mocker.cli import main
 from mocker.engine import EngineArgs
-from mocker.engine.bench import long_running_scheduler
+from mocker.engine.pass_cost import long_running_scheduler
 from mocker.server import engine_loop
 from mocker.server.engine_loop import EngineLoop
 from mocker.server.inflight import LiveRequest

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mocker.engine.bench import (
+from mocker.engine.pass_cost import (
     bench_fast_forward_cost,
     bench_pass_cost,
     long_running_scheduler,

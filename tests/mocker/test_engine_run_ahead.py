@@ -13,7 +13,7 @@ import pytest
 import uvloop
 
 from mocker.engine import EngineArgs
-from mocker.engine.bench import long_running_scheduler
+from mocker.engine.pass_cost import long_running_scheduler
 from mocker.server.engine_loop import EngineLoop
 from mocker.server.inflight import LiveRequest
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lab.analysis.rundir import read_requests
-from lab.load.arrivals import schedule_seed, split_streams
+from lab.open_loop.arrivals import schedule_seed, split_streams
 from tests.procs import Proc
 from tests.ray.conftest import NODES, RayCluster
 from tests.ray.test_client import lab, ray_args

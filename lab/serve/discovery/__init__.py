@@ -6,6 +6,7 @@ networked store (etcd) can be added without touching them.
 
 from __future__ import annotations
 
-from lab.serve.discovery.base import Changes, Registry, WorkerRecord, open_registry
+from lab.serve.discovery.base import Changes, Registry, WorkerRecord
+from lab.serve.discovery.stores import open_registry
 
 __all__ = ["Changes", "Registry", "WorkerRecord", "open_registry"]

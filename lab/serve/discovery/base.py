@@ -99,18 +99,3 @@ class Registry(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (connections, leases)."""
-
-
-def open_registry(spec: str, **options: Any) -> Registry:
-    """`file:DIR` (the default store) or `etcd://HOST:PORT[/prefix]`. Raises ValueError naming
-    the spec when it is not understood."""
-    scheme, sep, rest = spec.partition(":")
-    if scheme == "file" and sep and rest:
-        from lab.serve.discovery.file_store import FileRegistry
-
-        return FileRegistry(rest, **options)
-    if scheme == "etcd" and sep:
-        from lab.serve.discovery.etcd_store import EtcdRegistry
-
-        return EtcdRegistry.from_spec(spec, **options)
-    raise ValueError(f"--discovery {spec!r}: expected file:DIR or etcd://HOST:PORT[/prefix]")

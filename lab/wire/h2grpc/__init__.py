@@ -21,20 +21,13 @@ Public API (drop-ins for the subsets the mocker and the sidecar use):
 
 Modules: `frames` (HTTP/2 + gRPC wire encodings), `messages` (length-prefixed message
 reassembly), `metadata`, `conn` (the shared connection: batched writes, one-pass reads, flow
-control), `server`, `client`, `keepalive` (the client's PINGs), `bench`
-(`python -m lab.wire.h2grpc.bench`), `framecost`.
+control), `server`, `client`, `keepalive` (the client's PINGs). The benchmarks that measure
+them are not shipped: `python -m tests.bench.h2grpc_bench` (the hop, against grpc.aio) and
+`python -m tests.bench.framecost` (one frame, against `h2`).
 
-Framing: hand-written, not `h2`. `python -m lab.wire.h2grpc.framecost` (h2 4.4.1, Python 3.11,
-Intel Xeon @ 2.60GHz shared 2-core VM, best of 5, one 12-byte DATA frame per message):
-
-    h2 send_data + data_to_send       7-13 us/frame
-    h2 receive_data + ack             10-22 us/frame
-    hand-written send (struct pack)   0.3-0.5 us/frame
-    hand-written receive + split      0.7-1.0 us/frame
-
-h2 alone would cost more per message than the whole budget we aim for (h2 server + h2 client
-measure ~1.5-6 us/msg on the server and ~2-5 us/msg on the client vs grpc.aio's ~30-55 on each,
-see `bench`), so the frame layer is
+Framing: hand-written, not `h2`: `h2` costs an order of magnitude more per frame than packing
+and splitting frames by hand, more per message than the whole hop's budget (docs/measurements.md
+"HTTP/2 framing: h2 against hand-written"), so the frame layer is
 hand-written (DATA, HEADERS, CONTINUATION, SETTINGS, WINDOW_UPDATE, PING, RST_STREAM, GOAWAY,
 padding, max frame size) and only HPACK *decoding* uses the `hpack` library. Outbound header
 blocks are literals without indexing (stateless, pre-built per method), so our encoder never

@@ -1,0 +1,82 @@
+"""fit.md of `lab calibrate`: the probes, the knots, their residuals, and what the fit assumed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from lab.fidelity.fit import Fit, path_at
+from lab.fidelity.probes import ProbeResult
+from lab.report.markdown import fnum, md_table
+from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE
+
+
+def _pct(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:+.1f}%"
+
+
+def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
+                 plot: Path | None) -> str:
+    lines = [f"# Calibration of the lab mocker against {target}", ""]
+    rows = [[r.probe.name, str(r.probe.concurrency), str(r.probe.isl), str(r.probe.osl),
+             str(r.ok), str(r.failed), fnum(r.ttft_ms_p50, 2), fnum(r.decode_step_ms, 2),
+             fnum(r.itl_ms_p50, 2), fnum(r.probe.decode_kv_tokens, 0)] for r in results]
+    lines += ["## Probes (medians, ms)", "",
+              md_table(["probe", "conc", "ISL", "OSL", "ok", "failed", "TTFT p50",
+                        "decode step", "ITL p50", "decode KV tokens"], rows), ""]
+    lab = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(fit.lab_path_ms.items()))
+    lines += ["## Profile knots and residuals", "",
+              f"Lab path subtracted from TTFT, ms by prompt length (interpolated between): "
+              f"{lab or '0'}. "
+              f"Engine type `{fit.engine_type}`"
+              + (" (its first-token decode step is subtracted too)."
+                 if DEFAULT_FIRST_TOKEN_DECODE[fit.engine_type] else "."), "",
+              "A residual is the knot against the profile built without it (interpolated or "
+              "extrapolated from the others): how far the curve is from straight between probe "
+              "points.", ""]
+    rrows = [[r["kind"], fnum(r["tokens"], 0), fnum(r["ms"], 3), fnum(r["measured_ms"], 2),
+              fnum(r["loo_ms"], 3), _pct(r["loo_residual_pct"]), r["source"]]
+             for r in fit.residuals()]
+    lines += [md_table(["kind", "tokens", "profile ms", "measured ms", "without it ms",
+                        "residual", "probe"], rrows), ""]
+    if fit.prefix_saving_share is not None:
+        lines += [f"Prefix cache: the repeated prompt saved {100 * fit.prefix_saving_share:.0f}% "
+                  f"of the fitted prefill -> `enable_prefix_caching: "
+                  f"{str(fit.prefix_cache).lower()}`.", ""]
+    ev = fit.mode_evidence
+    if ev:
+        lines += [f"Request knots as `{fit.request_mode}`: squared error over the context "
+                  f"lengths of a latency before scheduling ({ev['delay_ms']:.2f} ms) "
+                  f"{ev['sse_delay_ms2']:.1f} ms^2, of a first-token floor "
+                  f"({ev['floor_ms']:.2f} ms, binding at {ev['floor_binds_at']:.0f} lengths) "
+                  f"{ev['sse_floor_ms2']:.1f} ms^2.", ""]
+    lines += ["## Path and prefill", ""]
+    for k in fit.prefill:
+        t = int(k.tokens)
+        ttft = _ttft_at(results, t)
+        if k.source.startswith("overlap"):
+            extra = (f"max(first-token floor {fit.request_ms(t):.2f}, prefill {k.ms:.2f} (a pass "
+                     f"seen from another stream))" if fit.request_mode == "floor" else
+                     f"prefill {k.ms:.2f} (a pass seen from another stream) + the target's path "
+                     f"beyond the lab's {fit.request_ms(t):.2f} (a per-request latency, no pass)")
+            lines.append(f"- {t} tokens: target TTFT {fnum(ttft, 2)} ms = lab path "
+                         f"{path_at(fit.lab_path_ms, t):.2f} + {extra}"
+                         + (f" + first decode step {fit.decode_ms(t):.2f}"
+                            if DEFAULT_FIRST_TOKEN_DECODE[fit.engine_type] else "") + ".")
+        else:
+            lines.append(f"- {t} tokens: target TTFT {fnum(ttft, 2)} ms; no overlap gap, so the "
+                         f"prefill knot {k.ms:.2f} ms also holds the target's own path.")
+    lines.append("")
+    if fit.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in fit.warnings] + [""]
+    if plot is not None:
+        lines += [f"![fit]({plot.relative_to(plot.parent.parent)})", ""]
+    return "\n".join(lines)
+
+
+def _ttft_at(results: Sequence[ProbeResult], isl: int) -> float:
+    for r in results:
+        if r.probe.kind == "context" and r.probe.isl == isl:
+            return r.ttft_ms_p50
+    return math.nan

@@ -1,0 +1,202 @@
+"""Benchmark the open-loop client against AIPerf 0.13 at the same rates and arrival process, on
+a running target (the Dynamo anchor, outside this repository: `$ANCHORS/dynamo.sh up agg
+--speedup 1000`):
+
+    python -m tests.bench.bench_aiperf --anchors $ANCHORS --target http://127.0.0.1:8792 \
+        --model mock-llama
+    python -m tests.bench.bench_aiperf --anchors $ANCHORS --target URL --model M \
+        --rate 200,300,400,500 --requests 2000
+
+Per rate (the four given, or 0.6/0.8/1.0/1.2 x the throughput of a closed-loop `lab sweep`
+level at c=32 first), it runs `lab sweep --target URL --rate R --arrival poisson` and
+`aiperf.sh` (the anchors' scripts, `--anchors`) with `--request-rate R --arrival-pattern poisson`,
+alternating which goes first from one rate to the next, with the same workload (streaming chat,
+ISL 136 / OSL 128 exact in the anchor's tokenizer, ignore_eos + min_tokens), the same count of
+measured requests, the same warm-up and the same cap on requests in flight (AIPerf's
+`--concurrency` beside `--request-rate` is a cap; the lab's is `--max-concurrency`). It prints,
+per rate and tool, the achieved rate (as AIPerf's request throughput: the measured requests
+completed over the window from the first one's send to the last one's end; the lab's sent rate
+beside it), TTFT p50 and the client's CPU per request: the lab's from its client process
+(getrusage over the level), AIPerf's from its whole process tree (aiperf.sh samples every
+AIPerf service process). AIPerf runs with AIPERF_LEAN_ARGS (no server-metrics scraping, no GPU
+telemetry, summary export, WARNING logs): they cut its CPU per request, not its measurement.
+
+Both tools' TTFT is the same interval: from a perf_counter_ns stamp taken before a pooled
+connection is picked (AIPerf: before aiohttp's `session.request`, so its header and body
+serialisation is inside; the lab: before its pre-built request's single write) to the arrival
+of the first SSE event with non-empty content (AIPerf: `content_responses[0]`, stamped when its
+chunk is read; the lab: `first_ns`, stamped in `data_received`). What differs is the socket:
+AIPerf sets TCP_QUICKACK (and large buffers) on its connections, the lab's client does not
+(docs/open-loop.md "Against AIPerf").
+
+The target is not started or stopped here. Runs go under --out (one directory per run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from lab.open_loop.arrival_settings import parse_rates
+
+#: The anchors' fixed workload (aiperf.sh: ISL 136, OSL 128, streaming chat).
+ISL, OSL = 136, 128
+#: Rates tried around the closed-loop throughput when --rate is not given.
+AROUND_SATURATION = (0.6, 0.8, 1.0, 1.2)
+#: The closed-loop level whose throughput the rates are placed around.
+PROBE_CONCURRENCY = 32
+#: AIPerf options that cut its client CPU without changing what it measures (same rate, arrival,
+#: streaming workload, same TTFT and throughput definitions). py-spy on AIPerf 0.13 at 100 req/s
+#: (docs/open-loop.md "Against AIPerf"): its server_metrics_manager scrapes and parses the
+#: target's Prometheus /metrics all run long (~13% of AIPerf's CPU), its records_manager writes
+#: every request to profile_export.jsonl (~5%; only the aggregate profile_export_aiperf.json is
+#: read here), GPU telemetry polls DCGM endpoints that do not exist here, and INFO logging is
+#: per-phase chatter. The rest, ~7 of 8 parts, is structural: the worker ships every SSE event of
+#: every response over ZMQ to a record processor that parses each one again.
+AIPERF_LEAN_ARGS = ("--no-server-metrics", "--no-gpu-telemetry", "--export-level", "summary",
+                    "--log-level", "warning")
+
+
+def _rates(_ctx: click.Context, _param: click.Parameter, value: str | None
+           ) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        rates = parse_rates(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return rates
+
+
+def _lab(args: list[str]) -> None:
+    lab = Path(sys.executable).parent / "lab"
+    proc = subprocess.run([str(lab), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise click.ClickException(f"lab {' '.join(args)} failed ({proc.returncode}):\n"
+                                   + (proc.stdout + proc.stderr)[-3000:])
+
+
+def _lab_common(target: str, model: str, tokenizer: Path, out: Path) -> list[str]:
+    return ["sweep", "--target", target, "--model", model, "--endpoint", "chat", "--isl",
+            str(ISL), "--osl", str(OSL), "--tokenizer", str(tokenizer), "--prompt-kind", "text",
+            "--out", str(out), "--quiet", "--no-plots"]
+
+
+def probe_throughput(target: str, model: str, tokenizer: Path, out: Path, requests: int) -> float:
+    """req/s of one closed-loop lab level at c=PROBE_CONCURRENCY."""
+    _lab([*_lab_common(target, model, tokenizer, out), "--conc", str(PROBE_CONCURRENCY),
+          "--requests", str(requests)])
+    return float(pd.read_csv(out / "levels.csv")["req_s"].iloc[0])
+
+
+def run_lab(target: str, model: str, tokenizer: Path, out: Path, rate: float, requests: int,
+            cap: int, seed: int) -> dict:
+    _lab([*_lab_common(target, model, tokenizer, out), "--rate", f"{rate:g}", "--arrival",
+          "poisson", "--requests", str(requests), "--warmup", str(cap), "--max-concurrency",
+          str(cap), "--seed", str(seed)])
+    row = pd.read_csv(out / "levels.csv").iloc[0]
+    req = pd.read_parquet(out / "requests.parquet", columns=["warmup", "ok", "sent_ns",
+                                                             "done_ns"])
+    req = req[~req["warmup"]]
+    window_s = (req["done_ns"].max() - req["sent_ns"].min()) / 1e9
+    return {"achieved": float(req["ok"].sum() / window_s), "sent": float(row["sent_req_s"]),
+            "ttft_p50": float(row["ttft_ms_p50"]), "cpu_ms": float(row["client_cpu_ms_per_req"]),
+            "errors": int(row.get("failed", 0) or 0)}
+
+
+def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Path,
+               rate: float, requests: int, cap: int) -> dict:
+    # the client's CPU is what is compared; aiperf.sh finds its venv through ANCHOR_DIR
+    env = {**os.environ, "SERVER_PIDS": "", "ANCHOR_DIR": str(anchor_dir)}
+    proc = subprocess.run(
+        [str(anchors / "aiperf.sh"), target, model, str(cap), str(requests), str(out),
+         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", *AIPERF_LEAN_ARGS],
+        capture_output=True, text=True, env=env)
+    summary = out / "summary.json"
+    if not summary.exists():
+        raise click.ClickException(f"aiperf.sh failed ({proc.returncode}) at rate {rate:g}:\n"
+                                   + (proc.stdout + proc.stderr)[-3000:])
+    s = json.loads(summary.read_text())
+    req_s = s.get("req_s") or 0.0
+    cpu = s.get("client_cpu_pct")
+    return {"achieved": float(req_s), "sent": float("nan"), "ttft_p50": float(s["ttft_p50_ms"]),
+            "cpu_ms": 10.0 * cpu / req_s if cpu is not None and req_s else float("nan"),
+            "errors": int(s.get("errors") or 0)}
+
+
+def _row(rate: float, tool: str, r: dict) -> str:
+    sent = "" if pd.isna(r["sent"]) else f" (sent {r['sent']:7.1f})"
+    return (f"rate={rate:<7g} {tool:6s} achieved {r['achieved']:7.1f} req/s{sent:16s} "
+            f"TTFT p50 {r['ttft_p50']:8.2f} ms  client CPU {r['cpu_ms']:6.3f} ms/req  "
+            f"errors {r['errors']}")
+
+
+@click.command()
+@click.option("--target", required=True, help="The running server's base URL.")
+@click.option("--model", default="mock-llama", show_default=True, help="Model name served.")
+@click.option("--rate", "rates", default=None, callback=_rates,
+              help="Poisson rates (requests/s), comma-separated.  [default: 0.6, 0.8, 1.0, 1.2 "
+                   f"x the throughput of a closed-loop level at c={PROBE_CONCURRENCY}]")
+@click.option("--requests", type=click.IntRange(min=10, max=10_000_000), default=1000,
+              show_default=True, help="Measured requests per run (both tools).")
+@click.option("--max-concurrency", "cap", type=click.IntRange(min=1, max=100_000), default=256,
+              show_default=True,
+              help="Cap on requests in flight (both tools), and their warm-up requests.")
+@click.option("--anchors", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              required=True,
+              help="The anchors' scripts (aiperf.sh): the reference stack's directory, which is "
+                   "not part of this repository.")
+@click.option("--anchor-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(os.environ.get("ANCHOR_DIR",
+                                          Path.home() / ".cache" / "lab-anchors")),
+              show_default=True, help="ANCHOR_DIR: its model/ is the tokenizer of both tools.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="A new directory for the runs (lab-R/, aiperf-R/ per rate).")
+@click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1), default=42,
+              show_default=True, help="The lab's schedule seed (AIPerf's is aiperf.sh's 42).")
+def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int, cap: int,
+         anchors: Path, anchor_dir: Path, out: Path, seed: int) -> None:
+    """Print, per rate, the lab's and AIPerf's achieved rate, TTFT p50 and client CPU/request."""
+    tokenizer = anchor_dir / "model"
+    if not (tokenizer / "tokenizer.json").exists():
+        raise click.BadParameter(f"no tokenizer.json in {tokenizer} (run setup.sh)",
+                                 param_hint="'--anchor-dir'")
+    if not (anchors / "aiperf.sh").exists():
+        raise click.BadParameter(f"no aiperf.sh in {anchors}", param_hint="'--anchors'")
+    if out.exists() and any(out.iterdir()):
+        raise click.BadParameter(f"{out} is not empty", param_hint="'--out'")
+    out.mkdir(parents=True, exist_ok=True)
+    if rates is None:
+        x = probe_throughput(target, model, tokenizer, out / "probe-c32", requests)
+        rates = tuple(round(f * x) for f in AROUND_SATURATION)
+        click.echo(f"closed loop c={PROBE_CONCURRENCY}: {x:.1f} req/s; rates "
+                   + ", ".join(f"{r:g}" for r in rates))
+    click.echo(f"lab vs AIPerf against {target} ({model}): Poisson arrivals, {requests} requests "
+               f"per run, warm-up {cap}, at most {cap} in flight, ISL {ISL} / OSL {OSL} chat")
+    for k, rate in enumerate(rates):
+        order = ("lab", "aiperf") if k % 2 == 0 else ("aiperf", "lab")
+        results = {}
+        for tool in order:
+            run_dir = out / f"{tool}-{rate:g}"
+            if tool == "lab":
+                results[tool] = run_lab(target, model, tokenizer, run_dir, rate, requests, cap,
+                                        seed)
+            else:
+                results[tool] = run_aiperf(anchors, anchor_dir, target, model, run_dir, rate,
+                                           requests, cap)
+        lab, ai = results["lab"], results["aiperf"]
+        for tool in ("lab", "aiperf"):
+            click.echo(_row(rate, tool, results[tool]))
+        click.echo(f"rate={rate:<7g} lab/AIPerf: achieved {lab['achieved'] / ai['achieved']:.3f}"
+                   f"  TTFT p50 {lab['ttft_p50'] / ai['ttft_p50']:.3f}  client CPU "
+                   f"{lab['cpu_ms'] / ai['cpu_ms']:.3f}  (order: {' then '.join(order)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""A real target for the calibrate and fidelity tests: a lab stack (`lab up --detach`) whose
+engine runs on the known curve of tests/fidelity/curves.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fidelity.curves import write_true_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = str(Path(sys.executable).with_name("lab"))
+
+
+def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([LAB, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.fixture
+def true_engine_args(tmp_path: Path) -> Path:
+    return write_true_engine(tmp_path / "true")
+
+
+def _stack(stack: Path, engine_args: Path, disagg: bool = False) -> Iterator[str]:
+    """A detached `lab up` (1 prefill + 1 decode with `disagg`): its URL, `lab down` after."""
+    shape = ["--disagg"] if disagg else []
+    up = lab("up", "--detach", *shape, "--engine-args", str(engine_args), "--speedup", "1",
+             "--out", str(stack))
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield next(w for w in up.stdout.split() if w.startswith("http://"))
+    finally:
+        down = lab("down", str(stack))
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+@pytest.fixture
+def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
+    yield from _stack(tmp_path / "target", true_engine_args)
+
+
+@pytest.fixture
+def true_disagg_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
+    """The same curve, 1 prefill + 1 decode engine."""
+    yield from _stack(tmp_path / "target-disagg", true_engine_args, disagg=True)
+
+
+@pytest.fixture
+def floor_target(tmp_path: Path) -> Iterator[str]:
+    """The same curve behind a first-token floor (`request_mode: floor`) instead of a
+    request latency."""
+    yield from _stack(tmp_path / "target", write_true_engine(tmp_path / "true", floor=True))

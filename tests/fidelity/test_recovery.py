@@ -1,0 +1,125 @@
+"""`lab calibrate` recovers a known timing curve from a real serving path.
+
+The target is a lab stack (frontend, sidecar, mocker: real processes) whose engine runs on a
+dense profile sampled from prefill = 15 + 0.06 T^1.3 ms and decode = 9 + 0.012 kv^0.8 ms
+(tests/fidelity/curves.py: the issue's example, times 3), a curve outside the mocker's
+polynomial family, on a grid unlike the probe set's. The fitted knots are compared with the
+analytic curve, not with the CSV the engine was given: the fit must undo the HTTP and
+request-plane path, the first token's decode step and the batching of the decode probes to
+land within 5%.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from lab.shared.settings import SidecarTiming
+from launch.events import read_events
+from tests.fidelity.conftest import lab
+from tests.fidelity.curves import (
+    TRUE_FLOOR_MS,
+    TRUE_REQUEST_MS,
+    true_decode_ms,
+    true_prefill_ms,
+)
+
+TOLERANCE = 0.05
+PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024", "--context-osl", "8",
+          "--context-requests", "7", "--batch-conc", "1,8,32", "--batch-isl", "64",
+          "--batch-osl", "32", "--batch-rounds", "2", "--prefix-isl", "512",
+          "--overlap-osl", "24", "--overlap-requests", "12", "--no-plots",
+          "--in-process-client")
+
+
+def _knots(out: Path) -> dict[str, dict[float, float]]:
+    with open(out / "profile.csv") as f:
+        rows = [r for r in csv.reader(ln for ln in f if not ln.startswith("#"))][1:]
+    knots: dict[str, dict[float, float]] = {"prefill": {}, "decode": {}, "request": {}}
+    for kind, tokens, ms in rows:
+        knots[kind][float(tokens)] = float(ms)
+    return knots
+
+
+def _off_curve(knots: dict[str, dict[float, float]]) -> list[str]:
+    off = []
+    for kind, truth in (("prefill", true_prefill_ms), ("decode", true_decode_ms)):
+        for tokens, ms in knots[kind].items():
+            err = ms / truth(tokens) - 1
+            if abs(err) > TOLERANCE:
+                off.append(f"{kind} at {tokens:g}: fitted {ms:.2f} ms, true "
+                           f"{truth(tokens):.2f} ms ({100 * err:+.1f}%)")
+    return off
+
+
+def _sidecar_outlived_frontend_s(stack: Path) -> float:
+    """Seconds from the frontend's exit to the last sidecar's at a stack's teardown (both are
+    sent SIGTERM together)."""
+    exits = {e["name"]: e["t_ns"] for e in read_events(stack / "events.jsonl")
+             if e["event"] == "exit"}
+    sidecars = [t for name, t in exits.items() if name.startswith("sidecar")]
+    assert "frontend" in exits and sidecars, exits
+    return (max(sidecars) - exits["frontend"]) / 1e9
+
+
+def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) -> None:
+    out = tmp_path / "cal"
+    proc = lab("calibrate", "--target", true_target, *PROBES, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the lab-path stack is private (nothing else routes to it): its sidecar stops without
+    # the serving grace after withdrawal (lab.fidelity.lab_stack.PRIVATE_SIDECAR_GRACE_S); with
+    # the grace it outlives the frontend (which exits in well under a second) by about 4.5-5 s
+    lab_path_stack = out / "lab-path" / "stack"
+    assert _sidecar_outlived_frontend_s(lab_path_stack) < SidecarTiming.grace_period_s / 2
+    knots = _knots(out)
+    assert sorted(knots["prefill"]) == [128, 512, 1024]
+    # decode knots: c=1 at isl + osl/2, 2 x (isl + 12) for the overlap probes, c x (64 + 16)
+    # for the batch probes
+    assert sorted(knots["decode"]) == [80, 132, 280, 516, 640, 1028, 1048, 2072, 2560]
+    off = _off_curve(knots)
+    # the target's path beyond the lab's (a per-request latency) is told apart from prefill.
+    # A request knot is what is left of a TTFT at c=1 once the lab path and the fitted prefill
+    # are taken away, so it carries their errors: 3 ms, plus 1% of the prefill it is split
+    # from (a prefill knot 0.5% off at 1024 tokens, 2.7 of 506 ms, put a CI run's request
+    # knot 3.8 ms off). Folded into prefill instead, the knots would be ~0: 30 ms off.
+    for tokens, ms in knots["request"].items():  # (the prefill knots are at the same lengths)
+        bound = 3.0 + 0.01 * knots["prefill"].get(tokens, 0.0)
+        if abs(ms - TRUE_REQUEST_MS) > bound:
+            off.append(f"request at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_REQUEST_MS} ms"
+                       f" (bound {bound:.1f} ms)")
+    assert sorted(knots["request"]) == [128, 512, 1024]
+    assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
+    args = json.loads((out / "engine-args.json").read_text())
+    assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
+    # the target's mocker caches prefixes (the default): the repeated prompt shows it
+    assert args["enable_prefix_caching"] is True
+
+
+#: the overlap streams must outlast the floor: another stream's prefill is only seen once
+#: this stream's own held first tokens have come. Lengths on both sides of the floor: 64 and
+#: 128 under it, 512 above it (1024, the slowest probe at osl 64, is the recovery test's)
+FLOOR_PROBES = tuple({"128,512,1024": "64,128,512", "24": "64"}.get(v, v) for v in PROBES)
+
+
+def test_calibrate_finds_a_first_token_floor(floor_target: str, tmp_path: Path) -> None:
+    """A target whose path holds the first token back until 120 ms after arrival (TTFT flat
+    over 64 and 128 tokens while the prefill grows): the fit must say `request_mode: floor`
+    and its value, and read the prefill of the short prompts from the overlap probe although
+    the other stream's first token arrives long after that pass."""
+    out = tmp_path / "cal"
+    proc = lab("calibrate", "--target", floor_target, *FLOOR_PROBES, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    knots = _knots(out)
+    assert sorted(knots["prefill"]) == [64, 128, 512]
+    off = _off_curve(knots)
+    # where the floor binds, its knot is the floor (the engine-side time to the first token)
+    for tokens in (64, 128):
+        ms = knots["request"][tokens]
+        if abs(ms / TRUE_FLOOR_MS - 1) > TOLERANCE:
+            off.append(f"floor at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_FLOOR_MS} ms")
+    assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
+    args = json.loads((out / "engine-args.json").read_text())
+    assert args["timing"] == {"type": "profile", "request_mode": "floor",
+                              "path": str((out / "profile.csv").resolve())}, (
+        (out / "fit.md").read_text())
