@@ -5,10 +5,11 @@
         ...
 
 The data dir lives inside the run directory (`<run_dir>/etcd/data`), the log is
-`<run_dir>/logs/etcd.log`, the client and peer ports are chosen by asking the OS for free
-ports, and etcd listens on loopback only (plus, when the run places processes in network
-namespaces, the root namespace's bridge address, so that workers inside the hosts reach it:
-pass `hosts=[bridge_address, "127.0.0.1"]`; the spec then names the first host). Readiness is a
+`<run_dir>/logs/etcd.log`, the client and peer ports are picked by the OS and held for etcd's
+life (`launch/port_hold.py`: etcd listens beside the hold, and a restart finds them free), and
+etcd listens on loopback only (plus, when the run places processes in network namespaces, the
+root namespace's bridge address, so that workers inside the hosts reach it: pass
+`hosts=[bridge_address, "127.0.0.1"]`; the spec then names the first host). Readiness is a
 `/v3/kv/range` call that succeeds (which also proves the v3 gateway is serving). Stopping is
 SIGTERM, then SIGKILL after `stop_grace_s`.
 
@@ -23,18 +24,19 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import time
 from pathlib import Path
 
 import aiohttp
 
 from launch.errors import LaunchError
+from launch.port_hold import PortHold
 
 ETCD_BINARY = "etcd"
 INSTALL_HINT = "install it with `apt-get install -y etcd-server` (Debian's package)"
 DEFAULT_READY_TIMEOUT_S = 20.0
 DEFAULT_STOP_GRACE_S = 5.0
+#: Tries at one client port free on every host (the first host's pick may be taken on another).
 _PORT_ATTEMPTS = 3
 
 
@@ -52,14 +54,6 @@ def etcd_available() -> tuple[bool, str]:
     if path is None:
         return False, f"no `{ETCD_BINARY}` binary on PATH: {INSTALL_HINT}"
     return True, path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free on `host` right now (the usual small race applies; the
-    caller retries with new ports when etcd fails to bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class LocalEtcd:
@@ -89,6 +83,7 @@ class LocalEtcd:
         self.log_path = self.run_dir / "logs" / f"{name}.log"
         self.client_port = 0
         self.peer_port = 0
+        self._holds: list[PortHold] = []
         self.process: asyncio.subprocess.Process | None = None
 
     # -- what the launcher passes on ----------------------------------------------------------
@@ -136,20 +131,34 @@ class LocalEtcd:
             raise LaunchError(self.name, binary)
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        last: LaunchError | None = None
+        self._hold_ports()
+        try:
+            await self._spawn_and_wait(binary)
+        except LaunchError:
+            await self.stop()
+            raise
+        return self.spec
+
+    def _hold_ports(self) -> None:
+        """Hold a client port free on every host and a peer port, for etcd's life."""
         for _attempt in range(_PORT_ATTEMPTS):
-            self.client_port = free_port(self.hosts[0])
-            self.peer_port = free_port("127.0.0.1")
+            self._release_ports()
+            first = PortHold(self.hosts[0])
+            self._holds = [first, PortHold("127.0.0.1")]
             try:
-                await self._spawn_and_wait(binary)
-                return self.spec
-            except LaunchError as exc:
-                last = exc
-                await self.stop()
-                if "address already in use" not in exc.log_tail:
-                    raise
-        assert last is not None
-        raise last
+                for host in self.hosts[1:]:
+                    self._holds.append(PortHold(host, first.port))
+            except OSError:
+                continue  # the port is taken on another host: pick again
+            self.client_port, self.peer_port = first.port, self._holds[1].port
+            return
+        self._release_ports()
+        raise LaunchError(self.name, f"no client port free on every host of {self.hosts}")
+
+    def _release_ports(self) -> None:
+        for hold in self._holds:
+            hold.close()
+        self._holds = []
 
     async def _spawn_and_wait(self, binary: str) -> None:
         from lab.shared.pdeath import through_pdeath
@@ -200,7 +209,7 @@ class LocalEtcd:
         clients see their connections drop). For fault tests."""
         if not self.client_port:
             raise RuntimeError("LocalEtcd.restart before start")
-        await self.stop()
+        await self._stop_process()  # the ports stay held: etcd comes back on them
         ok, binary = etcd_available()
         if not ok:
             raise LaunchError(self.name, binary)
@@ -213,7 +222,12 @@ class LocalEtcd:
     async def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after the grace; returns the exit code (None if never started;
         -15 is etcd's normal graceful exit: it shuts down, then re-raises SIGTERM).
-        Idempotent. The data dir stays in the run directory."""
+        Idempotent. The data dir stays in the run directory; the ports are released."""
+        code = await self._stop_process()
+        self._release_ports()
+        return code
+
+    async def _stop_process(self) -> int | None:
         proc = self.process
         if proc is None:
             return None

@@ -11,7 +11,6 @@ of the test's own, TCP request plane, ZMQ event plane, every listener with a hos
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -51,12 +50,6 @@ def unreachable_reason() -> str | None:
     """The reason .ci/dynamo-venv recorded when PyPI could not be reached, if it did."""
     mark = Path(f"{venv_dir()}.unreachable")
     return mark.read_text().strip() if mark.is_file() else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def env(discovery_dir: Path) -> dict[str, str]:

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from lab.commands.sweep import sweep
 from lab.wire import constants as wc
+from launch.port_hold import PortHold
 from mocker.server.pb import generation_pb2
 from mocker.server.recorder import list_recorded
 from tests.interop import dynamo_stack as dyn
@@ -76,7 +77,8 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
             for role in roles
         }
         env = dyn.env(tmp_path / "kvstore")
-        port = dyn.free_port()
+        hold = PortHold()  # held until Dynamo's frontend serves on it
+        port = hold.port
         frontend = spawn("dynamo-frontend", dyn.frontend_argv(port), ready=False, env=env)
         sidecars = [
             spawn(f"dynamo-sidecar-{role}", dyn.sidecar_argv(
@@ -97,7 +99,10 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
                 return False
             return not disagg or "Prefill worker detected" in frontend.log()
 
-        dyn.wait_until(ready, f"{url}/v1/models to list {model}", dead, timeout_s=90)
+        try:
+            dyn.wait_until(ready, f"{url}/v1/models to list {model}", dead, timeout_s=90)
+        finally:
+            hold.close()
         return Stack(url=url, model=model, engines=engines)
 
     yield start

@@ -6,10 +6,11 @@ command, args and env, with these substitutions, and nothing else:
 
 * the downward API: POD_NAME = `<workload>-<replica>`, POD_IP = 127.0.0.1, POD_NAMESPACE =
   default; `$(VAR)` in command and args is expanded as the kubelet does (`$$` escapes);
-* ports: every pod shares 127.0.0.1, so each containerPort of a pod gets a free port of its
-  own, and `HOST:PORT` of that port (in args, env values and probes), or an arg that is that
-  port alone, is rewritten to it; `0.0.0.0` becomes 127.0.0.1 (nothing listens beyond
-  loopback);
+* ports: every pod shares 127.0.0.1, so each containerPort of a pod gets a port of its own,
+  picked by the OS and held (`launch/port_hold.py`) until the pod's probes pass, so nothing else
+  takes it between the pick and the container's bind; and `HOST:PORT` of that port (in args,
+  env values and probes), or an arg that is that port alone, is rewritten to it; `0.0.0.0`
+  becomes 127.0.0.1 (nothing listens beyond loopback);
 * Service names: `NAME:PORT` of a Service becomes 127.0.0.1 and the remapped targetPort of the
   one pod it selects (the tests' Services select one pod each);
 * the Job's downward API: pod I of an Indexed Job gets the completion-index annotation I, and
@@ -45,19 +46,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from launch.port_hold import PortHold
 from tests.procs import Proc
 
 LOOPBACK = "127.0.0.1"
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 _HOSTPORT = re.compile(r"(?P<host>[A-Za-z0-9_.\-]+):(?P<port>\d+)\b")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -81,6 +75,13 @@ class Pod:
     procs: list[tuple[dict[str, Any], Proc]] = field(default_factory=list)
     kind: str = "Deployment"
     downward: dict[str, str] = field(default_factory=dict)  # fieldPath -> value
+    holds: list[PortHold] = field(default_factory=list)  # its ports, held until it is ready
+
+    def release_ports(self) -> None:
+        """Its containers listen on their ports now: stop holding them."""
+        for hold in self.holds:
+            hold.close()
+        self.holds.clear()
 
     def containers(self) -> list[dict[str, Any]]:
         """Start order: init containers, then the main containers."""
@@ -122,7 +123,9 @@ class Cluster:
                 volumes = {v["name"]: v for v in template["spec"].get("volumes", [])}
                 for c in pod.containers():
                     for p in c.get("ports", []):
-                        pod.ports[p["containerPort"]] = free_port()
+                        hold = PortHold(LOOPBACK)
+                        pod.holds.append(hold)
+                        pod.ports[p["containerPort"]] = hold.port
                     for m in c.get("volumeMounts", []):
                         claim = volumes[m["name"]].get("persistentVolumeClaim")
                         pod.mounts[m["mountPath"]] = (
@@ -239,6 +242,13 @@ class Cluster:
                     f"{pod.name}.{c['name']} {probe}" for pod, c, _, probe in pending))
             if pending:
                 time.sleep(0.2)
+        for pod in pods:
+            pod.release_ports()
+
+    def release_ports(self) -> None:
+        """Stop holding every pod's ports (what `wait_ready` does for the pods it waited on)."""
+        for pod in self.pods:
+            pod.release_ports()
 
     def service_url(self, name: str, port: int) -> str:
         return f"http://{self.services[f'{name}:{port}']}"

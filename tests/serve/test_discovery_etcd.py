@@ -25,7 +25,8 @@ from lab.serve.discovery.etcd_store import (
     parse_etcd_spec,
     prefix_range_end,
 )
-from launch.etcd import LocalEtcd, etcd_available, free_port
+from launch.etcd import LocalEtcd, etcd_available
+from launch.port_hold import PortHold
 from tests.waiting import wait_for
 
 LAB = [sys.executable, "-c", "from lab.cli import main; main()"]
@@ -82,7 +83,8 @@ def test_prefix_range_end() -> None:
 
 
 async def test_unreachable_etcd_names_the_url() -> None:
-    port = free_port()  # nothing listens there
+    hold = PortHold()  # bound, not listening: nothing listens there until the test ends
+    port = hold.port
     reg = open_registry(f"etcd://127.0.0.1:{port}", request_timeout_s=2)
     try:
         with pytest.raises(EtcdError, match=f"etcd at http://127.0.0.1:{port} is unreachable"):
@@ -91,6 +93,7 @@ async def test_unreachable_etcd_names_the_url() -> None:
             await reg.list()
     finally:
         await reg.close()
+        hold.close()
 
 
 # -- against a real etcd ----------------------------------------------------------------------

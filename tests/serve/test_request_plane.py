@@ -31,6 +31,7 @@ from lab.serve.request_plane.frames import (
     encode_frame,
 )
 from lab.shared.settings import SocketSettings
+from launch.port_hold import PortHold
 from tests.serve.tcp_peek import Sent, connections, nodelay, sent
 
 CHUNK, END = int(FrameType.CHUNK), int(FrameType.END)
@@ -285,14 +286,12 @@ async def test_bad_request_payload_is_a_protocol_error() -> None:
 
 @both_loops
 async def test_unreachable_worker_raises_worker_unavailable() -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there now
-    client = RequestPlaneClient(f"127.0.0.1:{port}")
-    with pytest.raises(WorkerUnavailable, match=f"127.0.0.1:{port}"):
-        await client.open_stream({})
-    await client.close()
+    with PortHold() as hold:  # bound, not listening: nothing listens there while held
+        port = hold.port
+        client = RequestPlaneClient(f"127.0.0.1:{port}")
+        with pytest.raises(WorkerUnavailable, match=f"127.0.0.1:{port}"):
+            await client.open_stream({})
+        await client.close()
     with pytest.raises(ValueError, match="host:port"):
         RequestPlaneClient("nowhere")
 

@@ -17,6 +17,7 @@ from lab.serve.discovery.file_store import FileRegistry
 from lab.serve.request_plane import FrameType, RequestPlaneClient
 from lab.wire.gen.loadlab.mocker.v1 import admin_pb2, admin_pb2_grpc
 from lab.wire.gen.openengine.v1 import model_pb2, openengine_pb2_grpc, server_pb2
+from launch.port_hold import PortHold
 from tests import procs
 from tests.procs import mocker_argv
 from tests.waiting import wait_for
@@ -371,21 +372,13 @@ async def test_one_connection_carries_generate_control_and_the_liveness_watch(
     assert "engine lost: liveness status NOT_SERVING (instance engine-0-one)" in sidecar.log()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_the_startup_wait_says_why_and_ends_when_the_engine_comes(spawn, disc: Path,
                                                                         tmp_path: Path) -> None:
     """No engine on the port: the log says "connection refused since HH:MM:SS, attempt N"
     (not a bare DEADLINE_EXCEEDED after an attempt timeout); an engine that starts there later
     is picked up; with a short deadline the exit message carries the same reason."""
-    port = _free_port()
-    target = f"127.0.0.1:{port}"
+    hold = PortHold()  # refuses connections until the engine listens beside it
+    target = f"127.0.0.1:{hold.port}"
     waiting = spawn("sidecar-0", sidecar_argv(target, disc, "sidecar-0", "--startup-deadline",
                                               "120"), ready=False)
     pattern = re.compile(rf"waiting for engine {target}: connection refused since "
@@ -396,11 +389,13 @@ async def test_the_startup_wait_says_why_and_ends_when_the_engine_comes(spawn, d
     spawn("engine-0", [*engine_argv(instance="engine-0-late"), "--listen", target])
     await wait_for(lambda: "ready role=sidecar" in waiting.log(), timeout=60,
                    what="the sidecar's ready line once the engine is up")
+    hold.close()
 
-    quitter = spawn("sidecar-1", sidecar_argv(f"127.0.0.1:{_free_port()}", tmp_path / "d1",
-                                              "sidecar-1", "--startup-deadline", "1.5"),
-                    ready=False)
-    assert await wait_exit(quitter) == 1
+    with PortHold() as nobody:  # nothing listens there while the sidecar waits
+        quitter = spawn("sidecar-1", sidecar_argv(f"127.0.0.1:{nobody.port}", tmp_path / "d1",
+                                                  "sidecar-1", "--startup-deadline", "1.5"),
+                        ready=False)
+        assert await wait_exit(quitter) == 1
     log = quitter.log()
     assert re.search(r"start-up deadline \(connection refused since \d\d:\d\d:\d\d, attempt "
                      r"\d+\)", log), log

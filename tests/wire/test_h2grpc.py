@@ -552,12 +552,10 @@ async def test_channel_close_cancels_inflight_calls(service: Service) -> None:
 
 async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
     """`wait_for_ready=True` calls wait through refused connects; others fail UNAVAILABLE."""
-    import socket
+    from launch.port_hold import PortHold
 
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()  # nothing listens there now
+    hold = PortHold()  # bound, not listening: connects are refused until the server listens
+    port = hold.port
     channel = H2GrpcChannel(f"127.0.0.1:{port}")
     try:
         waiting = channel.unary_unary(UNARY)(b"patient", timeout=WAIT, wait_for_ready=True)
@@ -572,6 +570,7 @@ async def test_wait_for_ready_waits_for_the_server(service: Service) -> None:
             await server.stop(None)
     finally:
         await channel.close()
+        hold.close()
 
 
 # -- keepalive ------------------------------------------------------------------------------------
