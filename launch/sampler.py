@@ -3,6 +3,12 @@
 cpu_pct is psutil's: 100 = one full core over the interval since the previous sample of that
 pid (with `include_children`, plus its descendants', for servers that fork workers). pandas is
 imported only when writing, in the launcher process (never in the fleet).
+
+Nested named processes (vLLM: API server -> EngineCore -> Worker, each given with --server-pid):
+a descendant's CPU counts once, under its nearest named ancestor, so the rows sum to the tree's
+CPU and each row is its own part. Counting every descendant under every named ancestor would
+count the Worker twice and the EngineCore inside the API server; and since one psutil counter
+serves each descendant, the second reader would see the interval since the first read (~0).
 """
 
 from __future__ import annotations
@@ -50,9 +56,12 @@ class Sampler:
     def sample_once(self) -> list[dict[str, Any]]:
         rows = []
         live_keys = set()
-        for view in self.views():
-            if view.pid is None or view.state in ("exited", "stopped"):
-                continue
+        views = [view for view in self.views()
+                 if view.pid is not None and view.state not in ("exited", "stopped")]
+        named = {view.pid for view in views if view.pid is not None}
+        seen_children: set[int] = set()
+        for view in views:
+            assert view.pid is not None
             key = (view.pid, view.create_time)
             live_keys.add(key)
             proc = self._procs.get(key)
@@ -66,7 +75,7 @@ class Sampler:
                     cpu = proc.cpu_percent(None)
                     rss = proc.memory_info().rss
                 if self.include_children:
-                    extra_cpu, extra_rss = self._descendants(proc)
+                    extra_cpu, extra_rss = self._descendants(proc, named, seen_children)
                     cpu += extra_cpu
                     rss += extra_rss
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -82,18 +91,31 @@ class Sampler:
             })
         for key in set(self._procs) - live_keys:
             del self._procs[key]
+        if self.include_children:
+            for pid in set(self._children) - seen_children:
+                del self._children[pid]
         self.samples.extend(rows)
         return rows
 
-    def _descendants(self, proc: psutil.Process) -> tuple[float, int]:
-        """CPU % and RSS of a process's descendants (a child seen for the first time primes
-        its counter and counts from the next sample)."""
+    def _descendants(self, proc: psutil.Process, named: set[int],
+                     seen: set[int]) -> tuple[float, int]:
+        """CPU % and RSS of the descendants of a process that have no nearer named ancestor
+        (a named descendant is sampled as itself and carries its own subtree). A child seen
+        for the first time primes its counter and counts from the next sample. Adds the pids
+        kept to `seen` (the rest of the counters are dropped after the tick)."""
         cpu, rss = 0.0, 0
         try:
             children = proc.children(recursive=True)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return cpu, rss
+        parents: dict[int, int] = {}
         for child in children:
+            with contextlib.suppress(psutil.Error):
+                parents[child.pid] = child.ppid()
+        for child in children:
+            if not _owned_by(child.pid, proc.pid, parents, named):
+                continue
+            seen.add(child.pid)
             known = self._children.get(child.pid)
             try:
                 if known is None or known.create_time() != child.create_time():
@@ -130,3 +152,16 @@ class Sampler:
         tmp.replace(self.path)
         self._written = len(rows)
         return self.path
+
+
+def _owned_by(pid: int, root: int, parents: dict[int, int], named: set[int]) -> bool:
+    """Whether `root` is the nearest named ancestor of descendant `pid`: neither it nor any
+    process between it and `root` is named. `parents` maps each descendant to its parent."""
+    while pid != root:
+        if pid in named:
+            return False
+        parent = parents.get(pid)
+        if parent is None:  # its parent exited between the two reads: count it here
+            return True
+        pid = parent
+    return True

@@ -53,5 +53,8 @@ def client_health(procs: list[dict], requests: pd.DataFrame) -> dict[str, Any]:
         "send_delay_max_ms": send["max"],
         "loop_lag_p99_ms": lags["p99"],
         "loop_lag_max_ms": lags["max"],
+        # requests resent on a new connection after a reused one closed before the response
+        # (the server's idle close racing the request: lab.load.http1)
+        "resends": sum(p.get("resends", 0) for p in procs),
         **remote,
     }

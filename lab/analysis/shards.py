@@ -135,6 +135,7 @@ def merge_clients(shards: list[ShardRun], requests: pd.DataFrame) -> dict[str, A
             "send_delay_max_ms": send["max"],
             "loop_lag_p99_ms": _max(h.get("loop_lag_p99_ms") for _, h in pieces),
             "loop_lag_max_ms": _max(h.get("loop_lag_max_ms") for _, h in pieces),
+            "resends": sum(h.get("resends", 0) for _, h in pieces),
         }
         if any("clock_offsets_ns" in h for _, h in pieces):
             for name in _PER_PROC_LISTS:

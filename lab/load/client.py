@@ -188,6 +188,7 @@ class RecordBook:
         self.lags_ns: list[int] = []
         self.done = 0
         self.errors = 0
+        self.resends = 0  # requests sent again after a reused connection closed (lab.load.http1)
 
     def book(self, sent: Sent, raw: RawResponse, keep_text: bool = False,
              warmup: bool | None = None) -> RequestRecord:
@@ -198,6 +199,7 @@ class RecordBook:
                            else warmup, proc=self.proc, keep_text=keep_text)
         self.records.append(rec)
         self.done += 1
+        self.resends += raw.resends
         if not rec.ok:
             self.errors += 1
         if self.shared_done is not None:
@@ -400,6 +402,7 @@ class _Driver(RecordBook):
             "cpu_s": cpu_s,
             "requests": len(self.records),
             "loop_lags_ns": self.lags_ns,
+            "resends": self.resends,
         }
 
 
@@ -443,8 +446,11 @@ class _Slot:
         if reusable and d.options.fresh_connection:
             conn.close()
             reusable = False
-        if not reusable and self.conn is conn:
-            self.conn = None
+        if not reusable:
+            if self.conn is conn:
+                self.conn = None
+        else:
+            self.conn = conn  # a resent request is answered on a new connection (lab.load.http1)
         i = d.claim() if reusable and d.chain else None
         if i is not None:
             payload = d.payloads.get(i)  # before the send stamp (see `_Payloads`)
@@ -486,6 +492,8 @@ class _Slot:
                 raw = RawResponse(sent_ns=perf())  # like a user's clock: connecting counts
                 try:
                     conn = self.conn
+                    if conn is not None and conn.stale(raw.sent_ns):  # idle past keep-alive
+                        conn.close()
                     if conn is None or conn.closed:
                         conn = await self._connect(raw)
                     if conn is not None:

@@ -102,22 +102,24 @@ class _ConversationDriver(RecordBook):
         """One turn on the conversation's connection (opened, or reopened, as needed); returns
         when its response is read, with `raw` filled (an error is `raw.error_kind`)."""
         opts = self.options
+        if conn is not None and conn.stale(raw.sent_ns):  # idle past the server's keep-alive
+            conn.close()
         if conn is None or conn.closed:
             conn = await connect_for(self.origin, opts, raw)
             if conn is None:
                 return None
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[Http1Connection] = asyncio.get_running_loop().create_future()
 
         def on_response(c: Http1Connection, r: RawResponse, reusable: bool) -> None:
             if not reusable:
                 c.close()
             if not done.done():
-                done.set_result(None)
+                done.set_result(c)  # a new connection when the request was resent
 
         rid = b"X-Request-Id: %s%d\r\n" % (opts.request_id_prefix.encode(), index)
         conn.request(post_request(self.head, rid, data), raw, streaming, on_response,
                      opts.timeout_s)
-        await done
+        conn = await done
         return None if conn.closed else conn
 
 
@@ -170,6 +172,7 @@ async def run_conversation_level(url: str, spec: WorkloadSpec, model: str, level
         r.rate = float(rate) if offsets_ns is not None and rate is not None else None
     info = {"proc": 0, "started_ns": t0, "ended_ns": t1,
             "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
-            "requests": len(records), "loop_lags_ns": driver.lags_ns}
+            "requests": len(records), "loop_lags_ns": driver.lags_ns,
+            "resends": driver.resends}
     return LevelResult(concurrency=records[0].concurrency if records else 0, records=records,
                        procs=[info])

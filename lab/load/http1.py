@@ -10,6 +10,14 @@ complete through one callback per request.
 Scope: one request at a time per connection (no pipelining), request bodies with Content-Length,
 responses with chunked transfer-encoding, Content-Length, or read-until-close; 1xx interim
 responses are skipped; keep-alive unless the server (or `Connection: close`) says otherwise.
+
+Idle closes: a server closes a kept-alive connection after its keep-alive timeout (uvicorn: 5 s
+in vLLM), and a request written into it as it closes is lost. Two defences, so no error the
+server did not cause is reported: the owner retires a connection idle past the learned timeout
+(`stale`, `lab.load.keep_alive`), and a request whose reused connection closed before any byte
+of the response came back is resent once on a new connection (the callback then gets the new
+connection; `RawResponse.resends` counts it). Never after a byte arrived: that request may have
+run. Both cost nothing per request on the common path (a counter and a stamp already taken).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from lab.load.keep_alive import KeepAlive, keep_alive_for
 from lab.load.sse import RawResponse
 
 MAX_HEAD_BYTES = 64 * 1024  # response status line + headers
@@ -97,6 +106,12 @@ class Http1Connection(asyncio.Protocol):
         self._keep_alive = True
         self._body: list[bytes] = []
         self._timer: asyncio.TimerHandle | None = None
+        self.served = 0  # responses completed: a connection that served one is being reused
+        self.idle_since_ns = 0  # when the last response completed
+        self.keep_alive: KeepAlive | None = None  # set by `connect`, with what a resend needs
+        self._reconnect: tuple[Origin, bool, ssl.SSLContext | None] | None = None
+        self._data = b""  # the request in flight (for a resend)
+        self._timeout_s: float | None = None
 
     # ----- asyncio.Protocol -----
 
@@ -104,11 +119,16 @@ class Http1Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        closed_by_us = self.closed
         self.closed = True
         if self.raw is None:
+            if not closed_by_us and self.served and self.keep_alive is not None:
+                self.keep_alive.saw_idle_close(time.perf_counter_ns() - self.idle_since_ns)
             return
         if self._state == _UNTIL_CLOSE:
             self._complete(time.perf_counter_ns())
+        elif self._state == _HEAD and not self._head and self._can_resend():
+            self._resend()
         else:
             what = "before the response" if self._state == _HEAD and not self._head else (
                 "mid-response")
@@ -144,10 +164,16 @@ class Http1Connection(asyncio.Protocol):
         """Write one request (a single write). `raw.sent_ns` is the caller's to set."""
         if self.closed or self.transport is None or self.transport.is_closing():
             self.raw, self.on_response = raw, on_response
-            self._fail("disconnect", "connection closed before the request was sent")
+            self._stream, self._data, self._timeout_s = streaming, data, timeout_s
+            if self._can_resend():
+                self._resend()
+            else:
+                self._fail("disconnect", "connection closed before the request was sent")
             return
         self.raw = raw
         self.on_response = on_response
+        self._data = data
+        self._timeout_s = timeout_s
         self._stream = streaming
         self._state = _HEAD
         self._head = b""
@@ -157,6 +183,13 @@ class Http1Connection(asyncio.Protocol):
         if timeout_s:
             self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out,
                                                                 timeout_s)
+
+    def stale(self, now_ns: int) -> bool:
+        """Whether this kept-alive connection has been idle so long that the server may be
+        closing it (its keep-alive timeout, less a margin): open a new one instead."""
+        ka = self.keep_alive
+        return (ka is not None and ka.retire_after_ns is not None and self.served > 0
+                and now_ns - self.idle_since_ns >= ka.retire_after_ns)
 
     def close(self) -> None:
         self.closed = True
@@ -210,6 +243,8 @@ class Http1Connection(asyncio.Protocol):
                     keep_alive = False
                 elif v == b"keep-alive":
                     keep_alive = True
+            elif name == b"keep-alive" and self.keep_alive is not None:
+                self.keep_alive.heard(value)
         raw = self.raw
         assert raw is not None
         raw.status = status
@@ -354,6 +389,8 @@ class Http1Connection(asyncio.Protocol):
         elif raw.body is None and not self._stream:
             raw.body = b""
         raw.done_ns = t
+        self.served += 1
+        self.idle_since_ns = t
         reusable = self._keep_alive and not self.closed
         if not reusable:
             self.close()
@@ -370,6 +407,23 @@ class Http1Connection(asyncio.Protocol):
         raw.error_kind, raw.error_message = kind, message
         raw.done_ns = time.perf_counter_ns()
         cb(self, raw, False)
+
+    def _can_resend(self) -> bool:
+        """A request lost with a reused connection, nothing of its response read, not resent
+        before, and a way to reconnect: the server closed an idle connection under it."""
+        raw = self.raw
+        return (self.served > 0 and self._reconnect is not None and raw is not None
+                and not raw.resends)
+
+    def _resend(self) -> None:
+        raw, cb = self._detach()
+        self.close()
+        assert raw is not None and cb is not None and self._reconnect is not None
+        raw.resends += 1
+        task = asyncio.get_running_loop().create_task(
+            _resend(self, self._reconnect, self._data, raw, self._stream, cb, self._timeout_s))
+        _RESENDING.add(task)
+        task.add_done_callback(_RESENDING.discard)
 
     def _timed_out(self, timeout_s: float) -> None:
         self._timer = None
@@ -388,4 +442,30 @@ async def connect(origin: Origin, *, nodelay: bool, timeout_s: float | None = No
         _, conn = await loop.create_connection(Http1Connection, origin.host, origin.port,
                                                ssl=ctx)
     conn.set_nodelay(nodelay)
+    conn.keep_alive = keep_alive_for(origin.scheme, origin.host, origin.port)
+    conn._reconnect = (origin, nodelay, ssl_context)
     return conn
+
+
+_RESENDING: set[asyncio.Task] = set()  # strong references to resends under way
+
+
+async def _resend(old: Http1Connection, how: tuple[Origin, bool, ssl.SSLContext | None],
+                  data: bytes, raw: RawResponse, streaming: bool, on_response: OnResponse,
+                  timeout_s: float | None) -> None:
+    """Send again, on a new connection, a request lost with a reused connection; within what is
+    left of its timeout. A failed connect fails the request (reported with the old connection)."""
+    origin, nodelay, ssl_context = how
+    left = None
+    if timeout_s:
+        left = max(timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9, 1e-3)
+    try:
+        conn = await connect(origin, nodelay=nodelay, timeout_s=left, ssl_context=ssl_context)
+    except (OSError, TimeoutError) as exc:
+        raw.error_kind = "disconnect"
+        raw.error_message = ("server closed the kept-alive connection before the response, "
+                             f"and a new connection failed: {type(exc).__name__}: {exc}")
+        raw.done_ns = time.perf_counter_ns()
+        on_response(old, raw, False)
+        return
+    conn.request(data, raw, streaming, on_response, left)

@@ -39,6 +39,7 @@ class RawResponse:
     body: bytes | None = None  # non-200 or non-streaming response body
     error_kind: str | None = None
     error_message: str | None = None
+    resends: int = 0  # sent again on a new connection (a reused one closed before the response)
 
 
 def split_events(times: list[int], pieces: list[bytes], end_ns: int | None = None

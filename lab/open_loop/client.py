@@ -116,9 +116,11 @@ class _OpenDriver(RecordBook):
         idle = self.idle
         while idle:
             conn = idle.popleft()
-            if not conn.closed:
+            if not conn.closed and not conn.stale(raw.sent_ns):
                 conn.request(request, raw, ctx.streaming, on_response, self.options.timeout_s)
                 return
+            conn.close()  # closed, or idle past the server's keep-alive timeout
+            self.conns.discard(conn)
         assert self.tg is not None
         self.tg.create_task(self._connect_and_write(ctx, raw, request, on_response))
 
@@ -143,6 +145,7 @@ class _OpenDriver(RecordBook):
                      reusable: bool) -> None:
         if reusable and not self.options.fresh_connection:
             self.idle.append(conn)
+            self.conns.add(conn)  # new when the request was resent (lab.load.http1)
         else:
             conn.close()
             self.conns.discard(conn)
@@ -234,7 +237,8 @@ class _OpenDriver(RecordBook):
             progress(LevelProgress(self.done, len(self.indices), self.errors, (t1 - start) / 1e9))
         cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         return {"proc": self.proc, "started_ns": min(t0, start), "ended_ns": t1, "cpu_s": cpu_s,
-                "requests": len(self.records), "loop_lags_ns": self.lags_ns}
+                "requests": len(self.records), "loop_lags_ns": self.lags_ns,
+                "resends": self.resends}
 
 
 # ----- several client processes -----
