@@ -504,8 +504,9 @@ def _lab_sides(sides: list[Side]) -> list[Side]:
     return [s for s in sides if s.is_lab and s.name != "lab-disagg"]
 
 
-def _level_cell(g: Any) -> str:
-    return str(g.concurrency) if g.rate is None else g.level
+def _level_cell(g: Any, header: str) -> str:
+    """A level's cell: its concurrency under "conc", else 'c=32', 'rate=2/s' or 'trace'."""
+    return str(g.concurrency) if header == "conc" else g.level
 
 
 def _level_header(gaps: list[Any]) -> str:
@@ -524,12 +525,13 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
     labs = _lab_sides(sides)
     gaps = {s.name: level_gaps(target, runs[s.name].levels, trace=trace) for s in labs}
     lines = _intro(workload, kw, runs["target"].config)
-    header = [_level_header(gaps["lab"]), "metric", "target"]
+    axis = _level_header(gaps["lab"])
+    header = [axis, "metric", "target"]
     for s in labs:
         header += [s.column, "gap", "verdict"]
     rows = []
     for i, g in enumerate(gaps["lab"]):
-        row = [_level_cell(g), g.label, fnum(g.target, 2)]
+        row = [_level_cell(g, axis), g.label, fnum(g.target, 2)]
         for s in labs:
             d = gaps[s.name][i] if i < len(gaps[s.name]) else None
             row += ["-", "-", "n/a"] if d is None else [fnum(d.lab, 2), _pct(d.gap_pct),
@@ -545,8 +547,8 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
         dgaps = level_gaps(runs["target-disagg"].levels, runs["lab-disagg"].levels, trace=trace)
         lines += ["## Disaggregated, level by level", "",
                   md_table([_level_header(dgaps), "metric", "target", "lab", "gap", "verdict"],
-                           [[_level_cell(g), g.label, fnum(g.target, 2), fnum(g.lab, 2),
-                             _pct(g.gap_pct), g.verdict] for g in dgaps]), ""]
+                           [[_level_cell(g, _level_header(dgaps)), g.label, fnum(g.target, 2),
+                             fnum(g.lab, 2), _pct(g.gap_pct), g.verdict] for g in dgaps]), ""]
     if not kw["no_plots"]:
         from lab.fidelity.plots import fidelity_plot
 
@@ -643,9 +645,10 @@ def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) ->
         if lab not in repeats or target not in repeats:
             continue
         gaps[lab] = repeat_gaps(repeats[target], repeats[lab], trace=trace)
-        header = [_level_header(gaps[lab]), "metric", "target", "lab", "gap", "95% interval",
-                  "per-repeat gap", "target's spread", "verdict"]
-        rows = [[_level_cell(g), g.label, fnum(g.target, 2), fnum(g.lab, 2),
+        axis = _level_header(gaps[lab])
+        header = [axis, "metric", "target", "lab", "gap", "95% interval", "per-repeat gap",
+                  "target's spread", "verdict"]
+        rows = [[_level_cell(g, axis), g.label, fnum(g.target, 2), fnum(g.lab, 2),
                  _pct(g.gap_pct), f"{_pct(g.low_pct)} .. {_pct(g.high_pct)}",
                  _pct(g.repeat_gap_pct), _spread(g.target_spread_pct), g.verdict]
                 for g in gaps[lab]]
