@@ -20,7 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lab.fidelity.gaps import METRICS, Gap, gap_pct, level_value, verdict
+from lab.fidelity.gaps import (
+    METRICS,
+    Gap,
+    gap_pct,
+    key_fields,
+    level_keys,
+    level_value,
+    verdict,
+)
 
 #: bootstrap resamples of the repeats, and the seed that makes an interval reproducible
 BOOTSTRAP_RESAMPLES = 4000
@@ -44,10 +52,15 @@ class RepeatGap(Gap):
 
 
 def median_levels(repeats: list[pd.DataFrame]) -> pd.DataFrame:
-    """One row per concurrency: each compared metric's median over the repeats that have it."""
+    """One row per level (concurrency, and rate when open loop): each compared metric's median
+    over the repeats that have it."""
     columns = [c for c, _ in METRICS]
-    frames = [r[["concurrency", *[c for c in columns if c in r]]] for r in repeats]
-    return pd.concat(frames).groupby("concurrency", as_index=False).median()
+    rated = any("rate" in r for r in repeats)
+    keys = ["concurrency", "rate"] if rated else ["concurrency"]
+    frames = [r.assign(rate=r.get("rate", math.nan)) if rated else r
+              for r in repeats]
+    frames = [f[[*keys, *[c for c in columns if c in f]]] for f in frames]
+    return pd.concat(frames).groupby(keys, as_index=False, dropna=False).median()
 
 
 def _finite_pairs(target: list[float], lab: list[float]) -> list[tuple[float, float]]:
@@ -75,27 +88,31 @@ def interval(target: list[float], lab: list[float]) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def repeat_gaps(target: list[pd.DataFrame], lab: list[pd.DataFrame]) -> list[RepeatGap]:
-    """Every metric at every concurrency both sides measured, over paired repeats (repeat k of
-    `target` with repeat k of `lab`; a repeat that lacks the value on either side is left
-    out of that metric's figures)."""
+def repeat_gaps(target: list[pd.DataFrame], lab: list[pd.DataFrame],
+                trace: bool = False) -> list[RepeatGap]:
+    """Every metric at every level (concurrency or offered rate) both sides measured, over
+    paired repeats (repeat k of `target` with repeat k of `lab`; a repeat that lacks the value
+    on either side is left out of that metric's figures). `trace`: the rate level is a trace
+    replay's."""
     if len(target) != len(lab):
         raise ValueError(f"{len(target)} target repeats against {len(lab)} lab repeats")
-    levels = sorted(set().union(*(set(r["concurrency"]) for r in target))
-                    & set().union(*(set(r["concurrency"]) for r in lab)))
+    keys = sorted(set().union(*(set(level_keys(r)) for r in target))
+                  & set().union(*(set(level_keys(r)) for r in lab)))
     out = []
-    for c in levels:
+    for key in keys:
+        where = key_fields(key, trace)
         for column, label in METRICS:
-            t = [level_value(levels, int(c), column) for levels in target]
-            x = [level_value(levels, int(c), column) for levels in lab]
+            t = [level_value(levels, key, column) for levels in target]
+            x = [level_value(levels, key, column) for levels in lab]
             paired = _finite_pairs(t, x)
             t_med = _nanmedian([a for a, _ in paired])
             x_med = _nanmedian([b for _, b in paired])
             g = gap_pct(t_med, x_med)
             low, high = interval(t, x)
             per_repeat = [gap_pct(a, b) for a, b in zip(t, x, strict=True)]
-            out.append(RepeatGap(int(c), column, label, t_med, x_med, g, verdict(g), low, high,
-                                 _nanmedian(per_repeat), spread_pct(t), t, x))
+            out.append(RepeatGap(where["concurrency"], column, label, t_med, x_med, g,
+                                 verdict(g), low, high, _nanmedian(per_repeat), spread_pct(t),
+                                 t, x, rate=where["rate"], level=where["level"]))
     return out
 
 

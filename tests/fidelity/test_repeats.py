@@ -55,3 +55,15 @@ def test_a_repeat_missing_a_level_is_left_out_and_unequal_sides_are_refused() ->
     assert median_levels(lab).set_index("concurrency").loc[32, "ttft_ms_p50"] == 120.0
     with pytest.raises(ValueError, match="2 target repeats against 3 lab repeats"):
         repeat_gaps(target[:2], lab)
+
+
+def test_repeats_of_open_loop_levels_pair_by_rate() -> None:
+    target = [pd.DataFrame({"concurrency": [0, 0], "rate": [2.0, 4.0], "req_s": [2.0, v]})
+              for v in (4.0, 3.0)]
+    lab = [pd.DataFrame({"concurrency": [0, 0], "rate": [4.0, 2.0], "req_s": [v, 2.0]})
+           for v in (3.6, 3.3)]
+    g = next(g for g in repeat_gaps(target, lab) if g.metric == "req_s" and g.rate == 4.0)
+    assert g.level == "rate=4/s" and g.target_repeats == [4.0, 3.0]
+    assert g.lab_repeats == [3.6, 3.3] and g.target_spread_pct == pytest.approx(100 / 3.5)
+    medians = median_levels(lab).set_index("rate")
+    assert medians.loc[4.0, "req_s"] == pytest.approx(3.45) and len(medians) == 2

@@ -15,9 +15,9 @@ import pytest
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
 from lab.load.client import ClientOptions, run_level
-from lab.load.open_loop import run_rate_level
 from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
+from lab.open_loop.client import run_rate_level
 from tests.load.idle_close_server import IdleCloseServer
 
 IDLE_S = 0.3  # the server's keep-alive timeout
