@@ -1,5 +1,5 @@
 """`lab calibrate --target URL`: measure a serving stack with a designed probe set and fit the
-lab mocker's `profile` timing model to it (docs/fidelity.md)."""
+lab mocker's timing to it: the `linear` pass model and the `profile` curves (docs/fidelity.md)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,17 @@ import click
 
 from lab.commands.sweep import make_dir
 from lab.fidelity import probes as P
+from lab.fidelity.target_engine import TargetEngine, read_target_engine
 from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
 from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
 from lab.sweep.sweep_settings import SweepSettings
 from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_options
 from launch.topology_settings import TopologySettings
+from mocker.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
+#: the timing models `lab calibrate` fits; the first is the default of engine-args.json
+TIMING_FITS = ("linear", "profile")
 LAB_PATH_OSL = 2  # the lab-path probes need a first token only (and one gap to be a stream)
 LAB_PATH_REQUESTS = 40
 #: The lab-path stack's engine sleeps a known time (`fixed` timing), so that its path includes
@@ -91,6 +95,21 @@ def say_to_stderr(quiet: bool) -> Any:
 @click.option("--prefix-isl", type=click.IntRange(0, 1_000_000), default=P.DEFAULT_PREFIX_ISL,
               show_default=True,
               help="Prompt length of the repeated-prompt probe (prefix-cache effect); 0 = none.")
+@click.option("--timing", "timing_model", type=click.Choice(TIMING_FITS), default=TIMING_FITS[0],
+              show_default=True,
+              help="The timing model engine-args.json runs: linear (a pass costs what is in it: "
+              "its tokens, sequences, the KV its decodes attend to and its prefill attention; "
+              "fits a real engine's batching) or profile (prefill over tokens and decode over "
+              "KV tokens, interpolated). Both are fitted and written "
+              "(engine-args-linear.json, engine-args-profile.json).")
+@click.option("--max-num-batched-tokens", type=click.IntRange(1, 10_000_000), default=None,
+              metavar="N",
+              help="The target's token budget per pass (vLLM's --max-num-batched-tokens: 2048 "
+              "on CPU, 8192 on GPU). No target publishes it.  [default: the lab mocker's, "
+              f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}]")
+@click.option("--max-num-seqs", type=click.IntRange(1, 1_000_000), default=None, metavar="N",
+              help="The target's most sequences per pass (vLLM's --max-num-seqs). No target "
+              f"publishes it.  [default: the lab mocker's, {DEFAULT_MAX_NUM_SEQS}]")
 @click.option("--engine-type", type=click.Choice(["trtllm", "vllm"]), default="trtllm",
               show_default=True,
               help="Admission policy of the fitted lab mocker (where its first_token_decode "
@@ -108,20 +127,22 @@ def calibrate(**kw: Any) -> None:
 
     Probes (each a closed-loop level, concurrency 1 unless said): TTFT over --context-isl;
     at each of those lengths two streams out of step (concurrency 2), where one stream's gap
-    that held the other's prefill is the engine's prefill alone; token gaps over context length
-    and over --batch-conc give the decode step time as a function of active KV tokens; one
-    repeated prompt shows the prefix-cache effect.
+    that held the other's prefill is the engine's prefill alone; token gaps at each
+    --batch-conc crossed with --batch-isl give the decode step over the sequences that share
+    it and the KV tokens they attend to; one repeated prompt shows the prefix-cache effect.
 
-    The target's TTFT holds its HTTP and routing path as well as its prefill. The profile's
-    prefill is the overlap gap (no path in it); the rest of TTFT, minus the lab's own path
-    (measured on a lab stack whose engine takes a known time), becomes the profile's
-    per-request latency, which holds no engine pass. What it cannot tell apart: queueing in
-    the target's path from a per-request engine cost that does not block other requests
-    (see docs/fidelity.md).
+    The `linear` model (the default) writes each probe figure as a sum of passes, each pass a
+    linear function of what is in it, plus the target's per-request path beyond the lab's
+    own (measured on a lab stack whose engine takes a known time), and fits the non-negative
+    coefficients by least squares; fit.md shows each probe's residual. The `profile` model
+    interpolates prefill over tokens and decode over KV tokens. What the target publishes of
+    its engine (vLLM: block size, KV blocks and prefix caching on /metrics) goes into the
+    engine args; what it does not (the pass token budget, the sequence limit) comes from
+    --max-num-batched-tokens and --max-num-seqs, and fit.md says which were assumed.
 
-    Writes RUN/: probes/<probe>/ (a sweep run directory each), lab-path/, profile.csv (the
-    `profile` timing model), engine-args.json (use it with `lab sweep --engine-args`, `lab up`
-    or `lab fidelity`), fit.json, fit.md and plots/fit.png.
+    Writes RUN/: probes/<probe>/ (a sweep run directory each), lab-path/, engine-args.json
+    (use it with `lab sweep --engine-args`, `lab up` or `lab fidelity`), engine-args-linear.json,
+    engine-args-profile.json with profile.csv, fit.json, fit.md and plots/fit.png.
     """
     probe_set = P.ProbeSet(
         context_isl=parse_ints(kw["context_isl"], "--context-isl"),
@@ -141,6 +162,7 @@ def calibrate(**kw: Any) -> None:
     info = target_or_exit(kw["target"], kw["model"], workload, kw["timeout_s"],
                           quiet=kw["quiet"])
     workload = replace(workload, include_usage=info.include_usage)
+    target_engine = read_target_engine(info.url, info.model)
     run_dir = make_dir(kw["name"], kw["out"])
     from launch.config import write_config
 
@@ -148,16 +170,19 @@ def calibrate(**kw: Any) -> None:
         "target": info.url, "model": info.model, "target_check": info.to_dict(),
         "probes": probe_set.to_dict(), "workload": workload.to_dict(),
         "engine_type": kw["engine_type"], "lab_path_ms": kw["lab_path_ms"],
-        "argv": sys.argv}})
-    sys.exit(run_calibration(run_dir, info.url, info.model, probe_set, workload, kw, say))
+        "target_engine": target_engine.to_dict(), "argv": sys.argv}})
+    sys.exit(run_calibration(run_dir, info.url, info.model, probe_set, workload, kw, say,
+                             target_engine))
 
 
 def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
-                    workload: Any, kw: dict, say: Any) -> int:
+                    workload: Any, kw: dict, say: Any,
+                    target_engine: TargetEngine | None = None) -> int:
     import uvloop
 
     from lab.fidelity.fit import engine_args, fit_profile, write_profile
     from lab.fidelity.fit_report import fit_markdown
+    from lab.fidelity.pass_fit import fit_linear, linear_engine_args
     from lab.load.client import ClientOptions
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
@@ -176,27 +201,67 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     except (KeyboardInterrupt, RuntimeError, OSError) as exc:
         click.echo(f"error: {exc or 'interrupted'}", err=True)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    scheduler = scheduler_args(kw, target_engine or TargetEngine())
     try:
-        fit = fit_profile(results, lab_path, kw["engine_type"])
+        fit = fit_profile(results, lab_path, kw["engine_type"],
+                          budget=scheduler["max_num_batched_tokens"])
+        linear = fit_linear(results, lab_path, scheduler["max_num_batched_tokens"])
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         return 1
     profile = write_profile(fit, run_dir / "profile.csv")
-    args = engine_args(fit, profile)
-    (run_dir / "engine-args.json").write_text(json.dumps(args, indent=2) + "\n")
+    written = {"profile": {**engine_args(fit, profile), **scheduler},
+               "linear": {**linear_engine_args(linear, fit, kw["engine_type"]), **scheduler}}
+    for name, args in written.items():
+        (run_dir / f"engine-args-{name}.json").write_text(json.dumps(args, indent=2) + "\n")
+    (run_dir / "engine-args.json").write_text(
+        json.dumps(written[kw["timing_model"]], indent=2) + "\n")
     (run_dir / "fit.json").write_text(json.dumps(
-        {**fit.to_dict(), "probes": [r.to_dict() for r in results]}, indent=2,
-        default=str) + "\n")
+        {**fit.to_dict(), "linear": linear.to_dict(), "scheduler": scheduler,
+         "target_engine": (target_engine or TargetEngine()).to_dict(),
+         "probes": [r.to_dict() for r in results]}, indent=2, default=str) + "\n")
     plot = None
     if not kw["no_plots"]:
         from lab.fidelity.fit_plot import fit_plot
 
         plot = fit_plot(fit, results, run_dir / "plots" / "fit.png")
-    text = fit_markdown(fit, results, url, plot)
+    text = fit_markdown(fit, results, url, plot, linear=linear,
+                        assumed=assumed_settings(kw, target_engine or TargetEngine()))
     (run_dir / "fit.md").write_text(text)
     click.echo(text)
-    click.echo(f"engine args: {run_dir / 'engine-args.json'}  (profile: {profile})")
+    click.echo(f"engine args ({kw['timing_model']}): {run_dir / 'engine-args.json'}")
     return 0
+
+
+def scheduler_args(kw: dict, target: TargetEngine) -> dict[str, Any]:
+    """The engine args of the target's scheduler and KV cache: what it publishes, then the
+    options, then the lab mocker's defaults."""
+    out: dict[str, Any] = {
+        "max_num_batched_tokens": kw["max_num_batched_tokens"] or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        "max_num_seqs": kw["max_num_seqs"] or DEFAULT_MAX_NUM_SEQS}
+    out.update(target.args)
+    return out
+
+
+def assumed_settings(kw: dict, target: TargetEngine) -> list[str]:
+    """Sentences for fit.md: which scheduler settings were read, given, or assumed."""
+    lines = [f"`{k}` = {v} read from the target ({target.sources.get(k, 'published')})"
+             for k, v in target.args.items()]
+    for name, default in (("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS),
+                          ("max_num_seqs", DEFAULT_MAX_NUM_SEQS)):
+        flag = "--" + name.replace("_", "-")
+        if kw[name]:
+            lines.append(f"`{name}` = {kw[name]} from {flag}")
+        else:
+            lines.append(f"`{name}` = {default} ASSUMED (the lab mocker's default; the target "
+                         f"does not publish it: give {flag})")
+    if not target.args:
+        lines.append("the target published no cache configuration (vLLM does on /metrics "
+                     "unless started with --disable-log-stats): block size, KV blocks and "
+                     "prefix caching are the lab mocker's")
+    if target.max_model_len:
+        lines.append(f"the target's max_model_len is {target.max_model_len} (/v1/models)")
+    return lines
 
 
 async def measure(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet, workload: Any,

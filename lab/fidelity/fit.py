@@ -173,7 +173,8 @@ def _monotone(knots: list[Knot]) -> list[Knot]:
 
 
 def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
-                engine_type: str = "trtllm") -> Fit:
+                engine_type: str = "trtllm",
+                budget: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> Fit:
     """Knots of the profile from the probe results (see the module docstring).
 
     Raises ValueError when the probes cannot give a profile (no usable decode or prefill
@@ -235,9 +236,9 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
     if not prefill:
         raise ValueError("no concurrency-1 context probe measured a TTFT: cannot fit prefill")
     top = max(k.tokens for k in prefill)
-    if top < DEFAULT_MAX_NUM_BATCHED_TOKENS:
+    if top < budget:
         warnings.append(f"the prefill knots end at {top:g} tokens, below a pass's token budget "
-                        f"({DEFAULT_MAX_NUM_BATCHED_TOKENS}, max_num_batched_tokens): fuller "
+                        f"({budget}, max_num_batched_tokens): fuller "
                         "passes are extrapolated linearly from the last two knots, which "
                         "understates a prefill that grows faster (add that length to "
                         "--context-isl)")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab.fidelity.fit import Fit, path_at
+from lab.fidelity.pass_fit import LinearFit
 from lab.fidelity.probes import ProbeResult
 from lab.report.markdown import fnum, md_table
 from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE
@@ -16,15 +17,33 @@ def _pct(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:+.1f}%"
 
 
+def linear_markdown(fit: LinearFit) -> list[str]:
+    """The linear pass model's coefficients and each probe figure's residual."""
+    coef = ", ".join(f"`{k}` {v:.4g}" for k, v in fit.coefficients.items())
+    rows = [[r["probe"], r["figure"], fnum(r["measured_ms"], 2), fnum(r["predicted_ms"], 2),
+             _pct(r["residual_pct"]), r["note"]] for r in fit.residuals()]
+    worst = max((abs(r["residual_pct"]) for r in fit.residuals()), default=math.nan)
+    return ["## Linear pass model", "",
+            f"Coefficients (ms; a pass's budget of {fit.max_num_batched_tokens} tokens): {coef}. "
+            f"Largest residual {worst:.1f}%.", "",
+            md_table(["probe", "figure", "measured ms", "model ms", "residual", "what"], rows),
+            ""]
+
+
 def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
-                 plot: Path | None) -> str:
+                 plot: Path | None, linear: LinearFit | None = None,
+                 assumed: Sequence[str] = ()) -> str:
     lines = [f"# Calibration of the lab mocker against {target}", ""]
+    if assumed:
+        lines += ["## The target's engine settings", ""] + [f"- {a}" for a in assumed] + [""]
     rows = [[r.probe.name, str(r.probe.concurrency), str(r.probe.isl), str(r.probe.osl),
              str(r.ok), str(r.failed), fnum(r.ttft_ms_p50, 2), fnum(r.decode_step_ms, 2),
              fnum(r.itl_ms_p50, 2), fnum(r.probe.decode_kv_tokens, 0)] for r in results]
     lines += ["## Probes (medians, ms)", "",
               md_table(["probe", "conc", "ISL", "OSL", "ok", "failed", "TTFT p50",
                         "decode step", "ITL p50", "decode KV tokens"], rows), ""]
+    if linear is not None:
+        lines += linear_markdown(linear)
     lab = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(fit.lab_path_ms.items()))
     lines += ["## Profile knots and residuals", "",
               f"Lab path subtracted from TTFT, ms by prompt length (interpolated between): "

@@ -35,19 +35,23 @@ import pandas as pd
 from lab.load.client import ClientOptions
 from lab.load.sweep import LineProgress, SweepPlan, SweepRunner
 from lab.load.workload import WorkloadSpec
-from mocker.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
-#: The last length is a pass's token budget (vLLM's, TensorRT-LLM's and Dynamo's mocker's
-#: default, the lab mocker's too): no pass prefills more, and past its last knot the profile
-#: extrapolates linearly while prefill grows faster (attention). Without that knot the fit
-#: of Dynamo's mocker ran 4.6% / 6.5% fast at ISL 1024, c=32 / 128 (docs/fidelity.md).
-DEFAULT_CONTEXT_ISL = (64, 256, 1024, 4096, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+#: The last length fills two passes of vLLM's CPU budget (2048 tokens), so that a chunk that
+#: attends to the one before it is measured. For a target whose budget is larger, add that
+#: length to --context-isl (the fit report warns when the lengths do not fill one pass).
+DEFAULT_CONTEXT_ISL = (64, 256, 1024, 4096)
 DEFAULT_CONTEXT_OSL = 32
 DEFAULT_CONTEXT_REQUESTS = 8
+#: Batch sizes crossed with context lengths: a decode step's cost depends on both (the
+#: sequences that share it and the KV tokens they attend to; docs/fidelity.md).
 DEFAULT_BATCH_CONC = (1, 8, 32, 64, 128)
 DEFAULT_BATCH_ISL = (64, 1024)  # the second reaches the KV of long prompts at high concurrency
 DEFAULT_BATCH_OSL = 128
 DEFAULT_BATCH_ROUNDS = 2
+#: A decode probe prefills concurrency x ISL tokens per round; past this many it is left out
+#: (ISL 1024 at c=64 and c=128 cost 60 s and 100 s of a CPU engine's time, and c=32 already
+#: reaches the KV tokens of the held-out workloads).
+MAX_BATCH_PREFILL_TOKENS = 32_768
 DEFAULT_PREFIX_ISL = 1024
 DEFAULT_OVERLAP_OSL = 64
 DEFAULT_OVERLAP_REQUESTS = 16
@@ -105,6 +109,8 @@ class ProbeSet:
         for isl in self.batch_isl:
             for c in self.batch_conc:
                 seed += 1
+                if c * isl > MAX_BATCH_PREFILL_TOKENS and c > min(self.batch_conc):
+                    continue
                 out.append(Probe("batch", isl, self.batch_osl, c,
                                  max(self.batch_rounds * c, self.context_requests), c, seed))
         if self.prefix_isl is not None:

@@ -29,7 +29,13 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_KV_TRANSFER_BANDWIDTH_GBPS = 64.0
 #: 32 layers x 2 (K and V) x 8 KV heads x 128 head dim x 2 bytes (bf16)
 DEFAULT_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
-TIMING_TYPES = ("polynomial", "fixed", "profile")
+TIMING_TYPES = ("polynomial", "linear", "fixed", "profile")
+#: the per-pass coefficients of the ``linear`` timing model (ms; mocker/engine/timing.py), in
+#: the order of `mocker.engine.timing.pass_features`
+LINEAR_PASS_TERMS = ("pass_ms", "token_ms", "seq_ms", "kv_token_ms", "attention_mpair_ms")
+#: its per-request coefficients: a latency before the request may be scheduled (no pass)
+LINEAR_REQUEST_TERMS = ("request_ms", "request_token_ms")
+LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
 #: how a profile's ``request`` rows apply (docs/mocker.md "Timing"): ``delay`` = the request
 #: may not be scheduled before arrival + request(T); ``floor`` = it is scheduled at once, but
 #: its first token is not emitted before arrival + request(T) (tokens produced earlier are held
@@ -142,10 +148,16 @@ def _validate_timing(t: Any) -> None:
     if kind not in TIMING_TYPES:
         raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
     allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
+               "linear": {"type", *LINEAR_TERMS},
                "profile": {"type", "path", "request_mode"}}[kind]
     for key in t:
         if key not in allowed:
             raise ValueError(f"unknown key timing.{key} for timing type {kind!r}")
+    if kind == "linear":
+        for name in LINEAR_TERMS:
+            v = t.get(name, 0.0)
+            if not _is_num(v) or v < 0:
+                raise ValueError(f"timing.{name} must be a finite number >= 0, got {v!r}")
     if kind == "fixed":
         for name in ("prefill_ms", "decode_ms"):
             v = t.get(name)

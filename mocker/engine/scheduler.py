@@ -21,8 +21,10 @@ One `step(now_ms)` is one forward pass:
      every running request)``; admit iff ``needed <= available``.
 
    Otherwise the request **waits** and the loop stops (head of line).
-4. Timing: ``prefill_ms(T)`` on T = new prompt tokens scheduled this pass, plus ``decode_ms``
-   on the sum of sequence lengths of the decode set when it is not empty.
+4. Timing: `TimingModel.pass_ms` of what the pass holds: its new prompt tokens T (and their
+   attention's query-key pairs), the requests it scheduled, and the decode set with the sum
+   of its sequence lengths. The ``linear`` model charges all of it as one pass; the others
+   charge ``prefill_ms(T)`` plus ``decode_ms`` of that sum when the decode set is not empty.
 5. At pass end every request whose KV now covers its whole sequence emits one token.
 
 First token: the pass that finishes a prompt emits the first token under both policies (real
@@ -50,8 +52,9 @@ the request completes after position ``max_output_tokens - 1``. If ``first_posit
 max_output_tokens`` nothing is generated: a ``Signal(token_id=None, completed=True)`` is queued.
 
 Prefix caching: only full prompt blocks are cached (see kv_pool). A prefix hit is capped at
-``seq_len - 1`` tokens (the last prompt token is always recomputed) and is reported once, on
-the request's first signal, as ``cached_tokens``.
+``seq_len - 1`` tokens (the last prompt token is always recomputed); under ``vllm`` it is whole
+blocks within that, as vLLM's (a fully cached prompt recomputes its last block). It is
+reported once, on the request's first signal, as ``cached_tokens``.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from dataclasses import dataclass, field
 
 from .config import EngineArgs
 from .kv_pool import ROOT_HASH, KvPool, block_hashes
-from .timing import TimingModel
+from .timing import TimingModel, prefill_pairs
 
 _WAITING = 0
 _RUNNING = 1
@@ -440,7 +443,10 @@ class Scheduler:
 
         # 3. pass end for prefill chunks and admitted requests
         first_decode = self._first_decode
+        pairs = 0.0  # prefill attention's query-key pairs (the linear timing model)
         for r in pending:
+            if not r.dec:
+                pairs += prefill_pairs(r.sched, r.computed)
             r.computed += r.sched
             if r.n_shared < r.n_full:
                 self._register(r)
@@ -463,10 +469,7 @@ class Scheduler:
             self._completed += len(done)
             self._running = [r for r in running if r.state == _RUNNING]
 
-        timing = self._timing
-        duration = timing.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
-        if n_decode:
-            duration += timing.decode_ms(decode_kv)
+        duration = self._timing.pass_ms(prefill_tokens, pairs, n_batch, n_decode, decode_kv)
         early: list[tuple[float, int]] = []
         if self._held:
             signals = self._hold_back(signals, now_ms, now_ms + duration, early)
@@ -512,7 +515,7 @@ class Scheduler:
             if r.cap - seq < room:
                 room = r.cap - seq
             kv += seq
-        decode_ms = self._timing.scaled_decode_ms
+        decode_ms = self._timing.decode_pass_fn(n)
         recent = self._recent
         pool = self._pool
         bs = self._bs
@@ -654,7 +657,14 @@ class Scheduler:
             if r.hashes is None:
                 r.hashes = block_hashes(r.prompt, bs)
             matched, active = pool.lookup(r.hashes, r.n_full)
-        hit = min(matched * bs, seq - 1)
+        if self._vllm:
+            # vLLM's hit is whole blocks within seq - 1 (a prompt cached to its last block
+            # recomputes that block, not just its last token: KVCacheManager.get_computed_blocks)
+            matched = min(matched, (seq - 1) // bs)
+            active = min(active, matched)
+            hit = matched * bs
+        else:
+            hit = min(matched * bs, seq - 1)
         computed = plen if r.kv_present else hit
         if self._vllm:
             if -(-seq // bs) - active > pool.free:

@@ -6,6 +6,20 @@ Models (selected by `EngineArgs.timing["type"]`):
   ``4.209989e-07*T^2 + 1.518344e-02*T + 1.650142e+01`` (0 when T == 0); decode on
   p = active KV tokens / (num_gpu_blocks * block_size),
   ``-25.74*p^2 + 54.01*p + 5.74``, floored at 1 ms.
+* ``linear``: a pass costs what is in it (docs/mocker.md "Timing"), each term a non-negative
+  coefficient that `lab calibrate` fits (least squares) to a real engine:
+
+  ``pass_ms + token_ms * (tokens computed) + seq_ms * (sequences in the pass)
+  + kv_token_ms * (KV tokens the decode sequences attend to)
+  + attention_mpair_ms * (prefill query-key pairs / 1e6)``
+
+  where a prefill chunk of n tokens after c computed ones has ``n * (c + (n + 1) / 2)``
+  query-key pairs (causal attention grows with the square of the prompt). Optional
+  ``request_ms`` + ``request_token_ms * prompt tokens`` is a per-request latency before the
+  request may be scheduled (a target's serving path beyond the lab's own; it holds no pass).
+  Unlike ``polynomial`` and ``profile``, a decode step here depends on how many sequences
+  share it, not only on the KV tokens they hold: a real engine's step does (per-sequence
+  sampling, input preparation and output handling).
 * ``fixed``: ``{"type": "fixed", "prefill_ms": X, "decode_ms": Y}``: constant per pass
   (prefill charged only when the pass has new prompt tokens; decode floored at 1 ms like the
   polynomial model).
@@ -37,9 +51,11 @@ from __future__ import annotations
 import bisect
 import csv
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .config import EngineArgs
+from .config import LINEAR_TERMS, EngineArgs
 
 PREFILL_A = 4.209989e-07
 PREFILL_B = 1.518344e-02
@@ -49,6 +65,23 @@ DECODE_B = 54.01
 DECODE_C = 5.74
 DECODE_FLOOR_MS = 1.0
 PROFILE_COLUMNS = ("kind", "tokens", "ms")
+
+
+def prefill_pairs(chunk: int, context: int) -> float:
+    """Causal attention's query-key pairs of a prefill chunk of `chunk` tokens that follows
+    `context` already computed tokens (each new token attends to everything before it and to
+    itself)."""
+    return chunk * (context + (chunk + 1) / 2.0)
+
+
+def pass_features(prefill_tokens: int, prefill_pairs_total: float, seqs: int, decode_seqs: int,
+                  decode_kv: int) -> tuple[float, float, float, float, float]:
+    """What the ``linear`` model multiplies `LINEAR_PASS_TERMS` (mocker.engine.config) by, for
+    one pass: 1, the tokens computed (prefill chunks plus one per decode sequence), the
+    sequences scheduled, the KV tokens the decode sequences attend to, and the prefill
+    query-key pairs in millions."""
+    return (1.0, float(prefill_tokens + decode_seqs), float(seqs), float(decode_kv),
+            prefill_pairs_total / 1e6)
 
 
 def polynomial_prefill_ms(new_tokens: int) -> float:
@@ -125,12 +158,41 @@ def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D, Interp1D | None]
             Interp1D(pts["request"]) if pts["request"] else None)
 
 
+@dataclass(frozen=True, slots=True)
+class LinearPass:
+    """The ``linear`` model's coefficients (ms; `LINEAR_TERMS`), validated by
+    `mocker.engine.config`."""
+
+    pass_ms: float = 0.0
+    token_ms: float = 0.0
+    seq_ms: float = 0.0
+    kv_token_ms: float = 0.0
+    attention_mpair_ms: float = 0.0
+    request_ms: float = 0.0
+    request_token_ms: float = 0.0
+
+    @classmethod
+    def from_timing(cls, timing: dict[str, Any]) -> LinearPass:
+        return cls(**{name: float(timing.get(name, 0.0)) for name in LINEAR_TERMS})
+
+    def pass_time_ms(self, prefill_tokens: int, pairs: float, seqs: int, decode_seqs: int,
+                     decode_kv: int) -> float:
+        """Unscaled time of one pass (the terms of `pass_features`)."""
+        return (self.pass_ms + self.token_ms * (prefill_tokens + decode_seqs)
+                + self.seq_ms * seqs + self.kv_token_ms * decode_kv
+                + self.attention_mpair_ms * pairs / 1e6)
+
+    def request_latency_ms(self, prompt_tokens: int) -> float:
+        return self.request_ms + self.request_token_ms * prompt_tokens
+
+
 class TimingModel:
-    """Computes scaled (already divided by speedup) prefill and decode times of a pass."""
+    """Computes scaled (already divided by speedup) times of a pass."""
 
     __slots__ = (
         "_decode",
         "_decode_div",
+        "_linear",
         "_prefill",
         "_prefill_div",
         "_request",
@@ -148,9 +210,16 @@ class TimingModel:
         prefill: Callable[[int], float]
         decode: Callable[[int], float]
         self._request: Interp1D | None = None
+        self._linear: LinearPass | None = None
         #: the profile's ``request`` rows are a first-token floor, not a scheduling delay
         self.request_is_floor = t.get("request_mode") == "floor"
-        if kind == "fixed":
+        if kind == "linear":
+            lin = self._linear = LinearPass.from_timing(t)
+            # what `prefill_ms` / `decode_ms` report alone (plots, the fit report): a pass of
+            # just that prefill, and a decode step of one sequence holding that KV
+            prefill = lambda n: lin.pass_time_ms(n, prefill_pairs(n, 0), 1, 0, 0)  # noqa: E731
+            decode = lambda kv: lin.pass_time_ms(0, 0.0, 1, 1, kv)  # noqa: E731
+        elif kind == "fixed":
             pf, dc = float(t["prefill_ms"]), max(float(t["decode_ms"]), DECODE_FLOOR_MS)
             prefill = lambda n: pf if n > 0 else 0.0  # noqa: E731
             decode = lambda kv: dc  # noqa: E731
@@ -170,7 +239,7 @@ class TimingModel:
         div = self._decode_div
         if div == 0:
             self.scaled_decode_ms = lambda kv: 0.0
-        elif kind not in ("fixed", "profile"):
+        elif kind == "polynomial":
             total = self._total_kv_tokens
 
             def scaled_decode_ms(kv: int) -> float:
@@ -181,6 +250,45 @@ class TimingModel:
             self.scaled_decode_ms = scaled_decode_ms
         else:
             self.scaled_decode_ms = lambda kv: decode(kv) / div
+
+    @property
+    def linear(self) -> LinearPass | None:
+        """The ``linear`` model's coefficients; None under the other models."""
+        return self._linear
+
+    def pass_ms(self, prefill_tokens: int, pairs: float, seqs: int, decode_seqs: int,
+                decode_kv: int) -> float:
+        """Scaled time of one pass: `prefill_tokens` new prompt tokens in chunks with `pairs`
+        query-key pairs (`prefill_pairs`), `seqs` sequences scheduled, `decode_seqs` of them
+        decoding one token while attending to `decode_kv` KV tokens.
+
+        ``linear`` charges the pass as a whole, divided by ``speedup_ratio`` (times
+        ``decode_speedup_ratio`` for a pass without prefill); the other models charge
+        `prefill_ms` plus, when something decodes, `decode_ms`."""
+        lin = self._linear
+        if lin is not None:
+            div = self._prefill_div if prefill_tokens else self._decode_div
+            if div == 0:
+                return 0.0
+            ms = lin.pass_time_ms(prefill_tokens, pairs, seqs, decode_seqs, decode_kv)
+            return (ms if ms > 0.0 else 0.0) / div
+        duration = self.prefill_ms(prefill_tokens) if prefill_tokens else 0.0
+        if decode_seqs:
+            duration += self.decode_ms(decode_kv)
+        return duration
+
+    def decode_pass_fn(self, seqs: int) -> Callable[[int], float]:
+        """The scaled time of a plain decode pass of `seqs` sequences, as a function of the KV
+        tokens they attend to (the scheduler's fast-forward calls it once per pass)."""
+        lin = self._linear
+        if lin is None:
+            return self.scaled_decode_ms
+        div = self._decode_div
+        if div == 0:
+            return lambda kv: 0.0
+        fixed = lin.pass_ms + (lin.token_ms + lin.seq_ms) * seqs
+        per_kv = lin.kv_token_ms
+        return lambda kv: (fixed + per_kv * kv) / div
 
     def prefill_ms(self, new_tokens: int) -> float:
         """Scaled prefill time for a pass with `new_tokens` new prompt tokens."""
@@ -195,8 +303,13 @@ class TimingModel:
         return self._decode(active_kv_tokens) / self._decode_div
 
     def request_ms(self, prompt_tokens: int) -> float:
-        """Scaled per-request latency before scheduling (a profile's ``request`` rows; else 0)."""
-        if self._request is None or self._prefill_div == 0:
+        """Scaled per-request latency before scheduling (a profile's ``request`` rows, the
+        ``linear`` model's request terms; else 0)."""
+        if self._prefill_div == 0:
+            return 0.0
+        if self._linear is not None:
+            return max(self._linear.request_latency_ms(prompt_tokens), 0.0) / self._prefill_div
+        if self._request is None:
             return 0.0
         return max(self._request(prompt_tokens), 0.0) / self._prefill_div
 

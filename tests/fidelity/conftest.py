@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fidelity.curves import write_true_engine
+from tests.fidelity.curves import write_linear_engine, write_true_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -56,3 +56,10 @@ def floor_target(tmp_path: Path) -> Iterator[str]:
     """The same curve behind a first-token floor (`request_mode: floor`) instead of a
     request latency."""
     yield from _stack(tmp_path / "target", write_true_engine(tmp_path / "true", floor=True))
+
+
+@pytest.fixture
+def linear_target(tmp_path: Path) -> Iterator[str]:
+    """A target whose engine's pass costs what is in it (the `linear` model, known
+    coefficients)."""
+    yield from _stack(tmp_path / "target", write_linear_engine(tmp_path / "true"))

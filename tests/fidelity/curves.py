@@ -51,3 +51,20 @@ def write_true_engine(dir_: Path, floor: bool = False) -> Path:
     args = dir_ / "true-engine-args.json"
     args.write_text(json.dumps({"timing": timing}))
     return args
+
+
+#: A known pass cost in the shape of the issue's real engine (vLLM on one CPU thread: a decode
+#: step grows with the sequences that share it and with the KV tokens they attend to), at
+#: about twice its figures for the same reason as above.
+TRUE_LINEAR = {"pass_ms": 10.0, "token_ms": 0.25, "seq_ms": 0.6, "kv_token_ms": 0.0012,
+               "attention_mpair_ms": 200.0, "request_ms": TRUE_REQUEST_MS,
+               "request_token_ms": 0.0}
+
+
+def write_linear_engine(dir_: Path) -> Path:
+    """engine-args.json of a target whose engine runs the `linear` model on TRUE_LINEAR."""
+    dir_.mkdir(parents=True, exist_ok=True)
+    args = dir_ / "true-linear-engine-args.json"
+    args.write_text(json.dumps({"engine_type": "vllm", "timing": {"type": "linear",
+                                                                   **TRUE_LINEAR}}))
+    return args

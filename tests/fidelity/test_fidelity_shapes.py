@@ -23,7 +23,7 @@ from lab.fidelity.suite import SUITE
 from lab.load.trace import write_trace
 from lab.load.trace_synth import SynthSpec, synth_trace
 from launch.events import read_events
-from tests.calibrate.conftest import LAB, ROOT, lab
+from tests.fidelity.conftest import LAB, ROOT, lab
 
 COMMON = ("--prompt-kind", "token_ids", "--no-plots", "--in-process-client")
 #: the suite's target and lab run 10x faster than real time: its ISL 2048 levels take seconds

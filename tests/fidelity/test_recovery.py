@@ -17,9 +17,12 @@ from pathlib import Path
 
 from lab.shared.settings import SidecarTiming
 from launch.events import read_events
+from mocker.engine.config import LINEAR_TERMS
+from mocker.engine.timing import LinearPass, prefill_pairs
 from tests.fidelity.conftest import lab
 from tests.fidelity.curves import (
     TRUE_FLOOR_MS,
+    TRUE_LINEAR,
     TRUE_REQUEST_MS,
     true_decode_ms,
     true_prefill_ms,
@@ -90,7 +93,7 @@ def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) 
                        f" (bound {bound:.1f} ms)")
     assert sorted(knots["request"]) == [128, 512, 1024]
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
-    args = json.loads((out / "engine-args.json").read_text())
+    args = json.loads((out / "engine-args-profile.json").read_text())
     assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
     # the target's mocker caches prefixes (the default): the repeated prompt shows it
     assert args["enable_prefix_caching"] is True
@@ -119,7 +122,46 @@ def test_calibrate_finds_a_first_token_floor(floor_target: str, tmp_path: Path) 
         if abs(ms / TRUE_FLOOR_MS - 1) > TOLERANCE:
             off.append(f"floor at {tokens:g}: fitted {ms:.2f} ms, true {TRUE_FLOOR_MS} ms")
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
-    args = json.loads((out / "engine-args.json").read_text())
+    args = json.loads((out / "engine-args-profile.json").read_text())
     assert args["timing"] == {"type": "profile", "request_mode": "floor",
                               "path": str((out / "profile.csv").resolve())}, (
         (out / "fit.md").read_text())
+
+
+#: pass shapes the linear fit must price within TOLERANCE: (prefill tokens, sequences, decode
+#: sequences, decode KV tokens): prompts alone, and decode steps of 1 to 32 sequences
+PASSES = [(128, 1, 0, 0), (512, 1, 0, 0), (1024, 1, 0, 0), (0, 1, 1, 100), (0, 8, 8, 700),
+          (0, 32, 32, 2600), (0, 32, 32, 17_000)]
+LINEAR_PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024",
+                 "--context-osl", "8", "--context-requests", "7", "--batch-conc", "1,8,32",
+                 "--batch-isl", "64,512", "--batch-osl", "32", "--batch-rounds", "1",
+                 "--prefix-isl", "0", "--overlap-osl", "24", "--overlap-requests", "12",
+                 "--no-plots", "--in-process-client")
+
+
+def test_calibrate_recovers_a_known_pass_cost(linear_target: str, tmp_path: Path) -> None:
+    """A target whose engine runs the `linear` pass model on known coefficients: the fit,
+    made through the real HTTP, request-plane and gRPC path, prices each pass shape of
+    PASSES and the per-request latency within 5% of the truth (the coefficients themselves
+    may trade off where the probes cannot tell them apart)."""
+    out = tmp_path / "cal"
+    proc = lab("calibrate", "--target", linear_target, *LINEAR_PROBES, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    args = json.loads((out / "engine-args.json").read_text())
+    timing = args["timing"]
+    assert timing["type"] == "linear" and set(timing) == {"type", *LINEAR_TERMS}, timing
+    fitted, truth = LinearPass.from_timing(timing), LinearPass.from_timing(TRUE_LINEAR)
+    off = []
+    for prefill, seqs, decodes, kv in PASSES:
+        pairs = prefill_pairs(prefill, 0)
+        got = fitted.pass_time_ms(prefill, pairs, seqs, decodes, kv)
+        want = truth.pass_time_ms(prefill, pairs, seqs, decodes, kv)
+        if abs(got / want - 1) > TOLERANCE:
+            off.append(f"pass of {prefill} prompt tokens, {decodes} decoding at {kv} KV: "
+                       f"{got:.2f} ms, true {want:.2f} ms")
+    request = fitted.request_latency_ms(512)
+    # the request latency is what is left of a TTFT once the lab's path and the passes are
+    # taken away: it carries their errors (3 ms as for the profile's request knots)
+    if abs(request - TRUE_REQUEST_MS) > 3.0:
+        off.append(f"request latency {request:.2f} ms, true {TRUE_REQUEST_MS} ms")
+    assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
