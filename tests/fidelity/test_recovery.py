@@ -21,8 +21,8 @@ from mocker.engine.config import LINEAR_TERMS
 from mocker.engine.timing import LinearPass, prefill_pairs
 from tests.fidelity.conftest import lab
 from tests.fidelity.curves import (
-    TRUE_FLOOR_MS,
     LINEAR_BUDGET,
+    TRUE_FLOOR_MS,
     TRUE_LINEAR,
     TRUE_REQUEST_MS,
     true_decode_ms,
