@@ -6,6 +6,7 @@
 | TTST | second content chunk - first content chunk |
 | request latency | last content chunk - request sent |
 | ITL (per request) | (latency - TTFT) / (output tokens - 1) |
+| TTFR, TTFO | first reasoning / first answer chunk - request sent (TTFO = TTFT without reasoning) |
 | inter-chunk gaps | every gap between consecutive content chunks, pooled over requests |
 | output tokens | the server's usage when present, else counted chunks (output_tokens_source) |
 | request throughput | successful requests / measured duration |
@@ -125,6 +126,27 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
     return out
 
 
+def reasoning_figures(ok_rows: pd.DataFrame) -> dict[str, Any]:
+    """A level's reasoning-stream figures (docs/metrics.md "Reasoning"): TTFR and TTFO p50/p99
+    and the mean reasoning-only and answer chunks per request; TTFR is None and the reasoning
+    chunks 0 for a level without reasoning. The columns are REASONING_LEVEL_COLUMNS."""
+    n = len(ok_rows)
+    reasoning = (ok_rows["reasoning_chunks"].fillna(0).astype("float64")
+                 if "reasoning_chunks" in ok_rows else pd.Series(0.0, index=ok_rows.index))
+    row: dict[str, Any] = {}
+    row.update(_prefixed("ttfr_ms", describe(ok_rows["ttfr_ms"]), ("p50", "p99")))
+    row.update(_prefixed("ttfo_ms", describe(ok_rows["ttfo_ms"]), ("p50", "p99")))
+    row["reasoning_chunks_mean"] = float(reasoning.mean()) if n else None
+    row["answer_chunks_mean"] = (float((ok_rows["chunks"].fillna(0) - reasoning).mean())
+                                 if n else None)
+    return row
+
+
+#: The levels.csv columns of `reasoning_figures`, in order.
+REASONING_LEVEL_COLUMNS = ("ttfr_ms_p50", "ttfr_ms_p99", "ttfo_ms_p50", "ttfo_ms_p99",
+                           "reasoning_chunks_mean", "answer_chunks_mean")
+
+
 def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
                   client: dict | None = None, slos: SLOs | None = None) -> dict[str, Any]:
     """One row of levels.csv from the requests of one level (one concurrency, one repeat), with
@@ -167,6 +189,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     row.update(_prefixed("itl_ms", describe(ok_rows["itl_ms"]), ("avg", "p50", "p99")))
     row.update(_prefixed("gap_ms", describe(chunk_gaps_ms(ok_rows)), ("avg", "p50", "p99", "max")))
     row.update(_prefixed("send_delay_ms", describe(m["send_delay_ms"]), ("p50", "p99", "max")))
+    row.update(reasoning_figures(ok_rows))
     if slos is not None and slos.given():
         good = ok_rows
         if slos.ttft_ms is not None:

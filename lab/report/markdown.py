@@ -142,6 +142,21 @@ def delivery_sentence(levels: pd.DataFrame, stream_interval: int | None) -> str:
             f"(tok/chunk at most {most:.2f}, stream interval {expected}).")
 
 
+def reasoning_table(levels: pd.DataFrame) -> str | None:
+    """Per level, the time to the first reasoning chunk (TTFR) and to the first answer chunk
+    (TTFO) and the chunks of each kind per request (docs/metrics.md "Reasoning"); None when no
+    level streamed reasoning."""
+    if "ttfr_ms_p50" not in levels or levels["ttfr_ms_p50"].isna().all():
+        return None
+    header = ["Conc", "TTFR p50 ms", "TTFR p99 ms", "TTFO p50 ms", "TTFO p99 ms",
+              "reasoning chunks/req", "answer chunks/req"]
+    rows = [[_level_cell(r), fnum(r.get("ttfr_ms_p50"), 2), fnum(r.get("ttfr_ms_p99"), 2),
+             fnum(r.get("ttfo_ms_p50"), 2), fnum(r.get("ttfo_ms_p99"), 2),
+             fnum(r.get("reasoning_chunks_mean"), 1), fnum(r.get("answer_chunks_mean"), 1)]
+            for _, r in levels.iterrows()]
+    return md_table(header, rows)
+
+
 def client_table(levels: pd.DataFrame) -> str:
     header = ["Conc", "client CPU %", "busiest proc %", "CPU ms/req", "send delay p99 ms",
               "loop lag p99 ms"]
@@ -203,6 +218,9 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
     if delivery:
         parts += [delivery, ""]
     parts += [client_sentence(levels), ""]
+    reasoning = reasoning_table(levels)
+    if reasoning:
+        parts += ["## Reasoning: first reasoning and first answer token", "", reasoning, ""]
     if turns_md:
         parts += ["## Per turn", "", turns_md, ""]
     if tokens_md:
