@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from lab.analysis.metrics import REASONING_LEVEL_COLUMNS, level_summary
@@ -15,6 +16,7 @@ from lab.analysis.request_times import requests_frame
 from lab.load.client import run_level
 from lab.load.record import rows
 from lab.load.sse import RawResponse, parse_response
+from lab.report.markdown import delivery_sentence
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from mocker.engine import EngineArgs
@@ -90,3 +92,13 @@ def test_the_client_reads_both_spellings_of_a_reasoning_delta(field: str) -> Non
 def test_bad_reasoning_engine_args_are_refused_by_name(args: dict) -> None:
     with pytest.raises(ValueError, match="reasoning_"):
         EngineArgs.from_json(args)
+
+
+def test_the_think_end_token_without_an_event_is_no_merged_delivery() -> None:
+    """32 tokens in 31 events: the marker, not a hop that merged engine steps."""
+    level = {"concurrency": 1, "tokens_per_chunk": 32 / 31}
+    plain = pd.DataFrame([level])
+    reasoning = pd.DataFrame([{**level, "reasoning_chunks_mean": 8.0,
+                               "answer_chunks_mean": 23.0}])
+    assert "tok/chunk was above" in delivery_sentence(plain, 1)
+    assert "every event carried one engine step's tokens" in delivery_sentence(reasoning, 1)
