@@ -6,6 +6,8 @@ client stamps the first reasoning and the first answer chunk apart."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +19,13 @@ from lab.load.client import run_level
 from lab.load.record import rows
 from lab.load.sse import RawResponse, parse_response
 from lab.report.markdown import delivery_sentence
+from lab.shared.engine_settings import EngineSettings
+from lab.shared.reasoning import THINK_END_TEXT, think_end_id
 from launch.stack import Stack
 from launch.topology import TopologySpec
 from mocker.engine import EngineArgs
+from mocker.server.config import ServerConfig, SettingError
+from tests.load.small_tokenizer import make_tokenizer
 
 pytestmark = [pytest.mark.usefixtures("no_leftovers")]
 
@@ -102,3 +108,41 @@ def test_the_think_end_token_without_an_event_is_no_merged_delivery() -> None:
                                "answer_chunks_mean": 23.0}])
     assert "tok/chunk was above" in delivery_sentence(plain, 1)
     assert "every event carried one engine step's tokens" in delivery_sentence(reasoning, 1)
+
+
+def _tokenizer(directory: Path, think: bool) -> Path:
+    """The tests' small HuggingFace tokenizer, with `</think>` as an added (not special) token
+    when `think`, as Qwen3's."""
+    from tokenizers import Tokenizer
+
+    make_tokenizer(directory)
+    if think:
+        tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        tok.add_tokens([THINK_END_TEXT])
+        tok.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def test_a_tokenizers_think_end_token_is_the_marker_and_never_drawn(tmp_path: Path) -> None:
+    tok = _tokenizer(tmp_path / "tok", think=True)
+    marker = think_end_id(str(tok))
+    settings = EngineSettings(tokenizer=str(tok), engine_args='{"reasoning_share": 0.5}')
+    cfg = ServerConfig.from_settings(settings)
+    assert cfg.think_end == marker and marker not in cfg.allowed_ids
+    plain = ServerConfig.from_settings(EngineSettings(tokenizer=str(tok)))
+    assert plain.think_end is None and marker in plain.allowed_ids
+
+
+def test_a_span_without_a_think_end_token_is_refused_by_name(tmp_path: Path) -> None:
+    tok = _tokenizer(tmp_path / "tok", think=False)
+    settings = EngineSettings(tokenizer=str(tok), engine_args='{"reasoning_tokens": 4}')
+    with pytest.raises(SettingError, match=THINK_END_TEXT) as refused:
+        ServerConfig.from_settings(settings)
+    assert refused.value.option == "--tokenizer"
+    frontend = subprocess.run(
+        [sys.executable, "-m", "lab", "frontend", "--discovery", f"file:{tmp_path / 'd'}",
+         "--tokenizer", str(tok), "--reasoning-parser", "think"],
+        capture_output=True, text=True, timeout=60)
+    assert frontend.returncode == 2, frontend.stderr
+    assert "--reasoning-parser" in frontend.stderr and THINK_END_TEXT in frontend.stderr
+    assert "Traceback" not in frontend.stderr
