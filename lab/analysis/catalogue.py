@@ -156,6 +156,20 @@ GAP = _define(Metric(
 SEND_DELAY = _define(Metric(
     "send_delay_ms", "send delay", "ms", "send_delay_ms of every measured request",
     "request sent - request scheduled: the client's own delay", stats=("p50", "p99", "max")))
+TTFR = _define(Metric(
+    "ttfr_ms", "TTFR", "ms", "ttfr_ms of successful requests that streamed reasoning",
+    "time to first reasoning token: first reasoning chunk - request sent",
+    stats=("p50", "p99")))
+TTFO = _define(Metric(
+    "ttfo_ms", "TTFO", "ms", "ttfo_ms of successful requests",
+    "time to first output (answer) token: first answer chunk - request sent",
+    stats=("p50", "p99")))
+REASONING_CHUNKS = _define(Metric(
+    "reasoning_chunks_mean", "reasoning chunks", "", "reasoning_chunks of successful requests",
+    "mean reasoning-only chunks per request", better="neither", digits=1))
+ANSWER_CHUNKS = _define(Metric(
+    "answer_chunks_mean", "answer chunks", "", "chunks - reasoning_chunks",
+    "mean answer chunks per request", better="neither", digits=1))
 GOODPUT = _define(Metric(
     "goodput_req_s", "goodput", "req/s", "ttft_ms, latency_ms, itl_ms, --slo-*-ms",
     "requests meeting every given SLO / measured duration (only with an SLO)",

@@ -6,6 +6,7 @@
 | TTST | second content chunk - first content chunk |
 | request latency | last content chunk - request sent |
 | ITL (per request) | (latency - TTFT) / (output tokens - 1) |
+| TTFR, TTFO | first reasoning / first answer chunk - request sent (TTFO = TTFT without reasoning) |
 | inter-chunk gaps | every gap between consecutive content chunks, pooled over requests |
 | output tokens | the server's usage when present, else counted chunks (output_tokens_source) |
 | request throughput | successful requests / measured duration |
@@ -124,6 +125,30 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
     return out
 
 
+#: the reasoning stream's metrics (lab.analysis.catalogue)
+REASONING = (cat.TTFR, cat.TTFO, cat.REASONING_CHUNKS, cat.ANSWER_CHUNKS)
+
+
+def reasoning_figures(ok_rows: pd.DataFrame) -> dict[str, Any]:
+    """A level's reasoning-stream figures (docs/metrics.md "Reasoning"): TTFR and TTFO p50/p99
+    and the mean reasoning-only and answer chunks per request; TTFR is None and the reasoning
+    chunks 0 for a level without reasoning. The columns are REASONING_LEVEL_COLUMNS."""
+    n = len(ok_rows)
+    reasoning = (ok_rows["reasoning_chunks"].fillna(0).astype("float64")
+                 if "reasoning_chunks" in ok_rows else pd.Series(0.0, index=ok_rows.index))
+    row: dict[str, Any] = {}
+    row.update(cat.TTFR.values(describe(ok_rows["ttfr_ms"])))
+    row.update(cat.TTFO.values(describe(ok_rows["ttfo_ms"])))
+    row[cat.REASONING_CHUNKS.name] = float(reasoning.mean()) if n else None
+    row[cat.ANSWER_CHUNKS.name] = (float((ok_rows["chunks"].fillna(0) - reasoning).mean())
+                                   if n else None)
+    return row
+
+
+#: The levels.csv columns of `reasoning_figures`, in order.
+REASONING_LEVEL_COLUMNS = tuple(c.name for m in REASONING for c in m.columns())
+
+
 def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
                   client: dict | None = None, slos: SLOs | None = None) -> dict[str, Any]:
     """One row of levels.csv from the requests of one level (one concurrency, one repeat), with
@@ -164,6 +189,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
         row.update(figure.values(describe(ok_rows[figure.name])))
     row.update(cat.GAP.values(describe(chunk_gaps_ms(ok_rows))))
     row.update(cat.SEND_DELAY.values(describe(m["send_delay_ms"])))
+    row.update(reasoning_figures(ok_rows))
     if slos is not None and slos.given():
         good = ok_rows
         if slos.ttft_ms is not None:
