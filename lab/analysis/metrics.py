@@ -13,6 +13,7 @@
 | measured duration | last response of the level - first request of the level (warm-up excluded) |
 | error rate | failed / (succeeded + failed) |
 | goodput | requests meeting every given SLO / measured duration |
+| SLO share | requests meeting every given SLO / measured requests (failures count as missing) |
 
 The client stores ns stamps; analysis derives every ms figure once. The per-request values
 (send_delay_ms, ttft_ms, ttst_ms, latency_ms, itl_ms) are derived from the ns columns by
@@ -26,7 +27,6 @@ Percentiles are exact: numpy's linear interpolation over all values.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,20 +34,10 @@ import pandas as pd
 
 from lab.analysis.levels import level_key, level_keys
 from lab.analysis.request_times import NS_PER_MS
+from lab.analysis.slo_share import SLOs as SLOs
+from lab.analysis.slo_share import slo_figures
 from lab.analysis.stats import STATS, describe, measured
 from lab.open_loop.figures import open_loop_figures
-
-
-@dataclass(frozen=True)
-class SLOs:
-    """Service-level objectives for goodput (None = not constrained)."""
-
-    ttft_ms: float | None = None
-    latency_ms: float | None = None
-    itl_ms: float | None = None
-
-    def given(self) -> bool:
-        return any(v is not None for v in (self.ttft_ms, self.latency_ms, self.itl_ms))
 
 
 def chunk_gaps_ms(df: pd.DataFrame) -> np.ndarray:
@@ -168,14 +158,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     row.update(_prefixed("gap_ms", describe(chunk_gaps_ms(ok_rows)), ("avg", "p50", "p99", "max")))
     row.update(_prefixed("send_delay_ms", describe(m["send_delay_ms"]), ("p50", "p99", "max")))
     if slos is not None and slos.given():
-        good = ok_rows
-        if slos.ttft_ms is not None:
-            good = good[good["ttft_ms"] <= slos.ttft_ms]
-        if slos.latency_ms is not None:
-            good = good[good["latency_ms"] <= slos.latency_ms]
-        if slos.itl_ms is not None:
-            good = good[good["itl_ms"].fillna(0) <= slos.itl_ms]
-        row["goodput_req_s"] = len(good) / duration_s if duration_s > 0 else None
+        row.update(slo_figures(m, ok_rows, slos, duration_s))
     client = client or {}
     if "rate" in df and df["rate"].notna().any():
         row.update(open_loop_figures(df))
