@@ -133,9 +133,10 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
 
         check_conversation_conflicts(conversation, settings, arrival, client,
                                      trace=trace.trace is not None)
-    if settings.ramp_up and (trace.trace is not None or conversation.turns > 1):
-        raise click.UsageError("--ramp-up ramps a closed-loop or rate level: not with --trace "
-                               "or --turns")
+    if settings.ramp_up and (trace.trace is not None or conversation.turns > 1
+                             or ray.ray is not None or shard.shard is not None):
+        raise click.UsageError("--ramp-up ramps a closed-loop or rate level of this client: "
+                               "not with --trace, --turns, --ray or --shard")
     target = settings.target
     if shard.shard is not None:
         _check_shard_rate(arrival, trace.trace is not None, conversation.turns > 1)
