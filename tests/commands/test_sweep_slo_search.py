@@ -52,6 +52,7 @@ def test_conc_auto_finds_the_engines_slot_count_as_the_latency_slo_edge(tmp_path
     passed = levels[levels["slo_share"] >= 0.9]
     # the known edge is the engine's 2 slots (1 if this machine's jitter pushed c=2's tail
     # past the SLO); no level of 3 or more in flight can pass
+    assert not passed.empty, levels[["concurrency", "slo_share"]]
     edge = int(passed["concurrency"].max())
     assert edge in (1, 2), levels[["concurrency", "slo_share", "latency_ms_p50"]]
     assert (levels[levels["concurrency"] >= 3]["slo_share"] < 0.9).all()
