@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from lab.analysis.stats import STATS
-
+#: The statistics a per-request figure can be described by (lab.analysis.stats.describe).
+STATS = ("avg", "std", "min", "p50", "p90", "p95", "p99", "max")
 Better = Literal["lower", "higher", "neither"]
 #: How a statistic is named in a table heading ("TTFT mean (ms)"); the others as they are.
 STAT_WORDS = {"avg": "mean"}
@@ -170,6 +170,20 @@ REASONING_CHUNKS = _define(Metric(
 ANSWER_CHUNKS = _define(Metric(
     "answer_chunks_mean", "answer chunks", "", "chunks - reasoning_chunks",
     "mean answer chunks per request", better="neither", digits=1))
+SLO_GOOD = _define(Metric(
+    "slo_good", "SLO-good requests", "", "ttft_ms, latency_ms, itl_ms, --slo-*-ms",
+    "measured requests that succeeded and met every given SLO (only with an SLO)",
+    better="higher", digits=0))
+SLO_SHARE = _define(Metric(
+    "slo_share", "SLO share", "", "slo_good / measured requests",
+    "share of measured requests meeting every given SLO; a failed request misses "
+    "(only with an SLO)", better="higher", digits=4))
+SLO_SHARE_LO = _define(Metric(
+    "slo_share_lo", "SLO share low", "", "slo_good, measured requests",
+    "lower end of the SLO share's 95% Wilson interval", better="higher", digits=4))
+SLO_SHARE_HI = _define(Metric(
+    "slo_share_hi", "SLO share high", "", "slo_good, measured requests",
+    "upper end of the SLO share's 95% Wilson interval", better="higher", digits=4))
 GOODPUT = _define(Metric(
     "goodput_req_s", "goodput", "req/s", "ttft_ms, latency_ms, itl_ms, --slo-*-ms",
     "requests meeting every given SLO / measured duration (only with an SLO)",

@@ -14,6 +14,7 @@
 | measured duration | last response of the level - first request of the level (warm-up excluded) |
 | error rate | failed / (succeeded + failed) |
 | goodput | requests meeting every given SLO / measured duration |
+| SLO share | requests meeting every given SLO / measured requests (failures count as missing) |
 
 The client stores ns stamps; analysis derives every ms figure once. The per-request values
 (send_delay_ms, ttft_ms, ttst_ms, latency_ms, itl_ms) are derived from the ns columns by
@@ -28,7 +29,6 @@ Percentiles are exact: numpy's linear interpolation over all values.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,20 +37,10 @@ import pandas as pd
 from lab.analysis import catalogue as cat
 from lab.analysis.levels import level_key, level_keys
 from lab.analysis.request_times import NS_PER_MS
+from lab.analysis.slo_share import SLOs as SLOs
+from lab.analysis.slo_share import slo_figures
 from lab.analysis.stats import describe, measured
 from lab.open_loop.figures import open_loop_figures
-
-
-@dataclass(frozen=True)
-class SLOs:
-    """Service-level objectives for goodput (None = not constrained)."""
-
-    ttft_ms: float | None = None
-    latency_ms: float | None = None
-    itl_ms: float | None = None
-
-    def given(self) -> bool:
-        return any(v is not None for v in (self.ttft_ms, self.latency_ms, self.itl_ms))
 
 
 def chunk_gaps_ms(df: pd.DataFrame) -> np.ndarray:
@@ -191,14 +181,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     row.update(cat.SEND_DELAY.values(describe(m["send_delay_ms"])))
     row.update(reasoning_figures(ok_rows))
     if slos is not None and slos.given():
-        good = ok_rows
-        if slos.ttft_ms is not None:
-            good = good[good["ttft_ms"] <= slos.ttft_ms]
-        if slos.latency_ms is not None:
-            good = good[good["latency_ms"] <= slos.latency_ms]
-        if slos.itl_ms is not None:
-            good = good[good["itl_ms"].fillna(0) <= slos.itl_ms]
-        row[cat.GOODPUT.name] = len(good) / duration_s if duration_s > 0 else None
+        row.update(slo_figures(m, ok_rows, slos, duration_s))
     client = client or {}
     if "rate" in df and df["rate"].notna().any():
         row.update(open_loop_figures(df))

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-STATS = ("avg", "std", "min", "p50", "p90", "p95", "p99", "max")
+from lab.analysis.catalogue import STATS
+
 PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
 
 

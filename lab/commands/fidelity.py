@@ -229,6 +229,9 @@ def _check_shape(kw: dict, arrival: ArrivalSettings, trace: TraceSettings) -> No
     if arrival.rate and _given("conc"):
         raise click.UsageError("--conc and --rate are alternatives: a level is a concurrency "
                                "(closed loop) or a request rate (open loop)")
+    if kw["conc"] == "auto":
+        raise click.BadParameter("auto is `lab sweep`'s SLO search; give the levels, e.g. "
+                                 "1,32,128", param_hint="'--conc'")
     if trace.trace is not None:
         from lab.commands.trace import check_trace_conflicts
 

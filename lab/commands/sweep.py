@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from lab.analysis.slo_share import SLOs
 from lab.load.client_settings import ClientSettings
 from lab.load.conversation_settings import ConversationSettings
 from lab.load.ray_settings import RaySettings
@@ -132,13 +133,20 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
 
         check_conversation_conflicts(conversation, settings, arrival, client,
                                      trace=trace.trace is not None)
+    if settings.ramp_up and (trace.trace is not None or conversation.turns > 1
+                             or ray.ray is not None or shard.shard is not None):
+        raise click.UsageError("--ramp-up ramps a closed-loop or rate level of this client: "
+                               "not with --trace, --turns, --ray or --shard")
     target = settings.target
     if shard.shard is not None:
         _check_shard_rate(arrival, trace.trace is not None, conversation.turns > 1)
-    shard_plan = plan_shard(shard, target=target, concs=list(settings.conc),
+    if settings.conc == "auto" and (shard.shard is not None or trace.trace is not None):
+        raise click.UsageError("--conc auto searches its own levels: not with --shard or "
+                               "--trace")
+    shard_plan = plan_shard(shard, target=target, concs=settings.conc_levels,
                             requests=settings.requests, seed=settings.seed,
                             rate=bool(arrival.rate))
-    concs = list(settings.conc)
+    concs = settings.conc_levels
     if shard_plan is not None:
         concs = list(shard_plan.levels)
         settings = settings.model_copy(update={"requests": shard_plan.requests,
@@ -152,7 +160,10 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
         repeat=settings.repeat, client=client.to_options(),
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency,
-        share=shard_plan.share() if shard_plan is not None else None)
+        share=shard_plan.share() if shard_plan is not None else None,
+        conc_auto=settings.conc == "auto" and not arrival.rate, slos=SLOs(**settings.slos()),
+        slo_share=settings.slo_share, max_levels=settings.max_levels,
+        ramp_up_s=settings.ramp_up)
     if trace.trace is not None:
         from lab.commands.trace import trace_plan
 

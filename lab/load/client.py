@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
@@ -70,6 +70,11 @@ class ClientOptions:
     # start the level at this perf_counter_ns (system-wide on Linux), if the client is ready by
     # then: N client shards that met at a barrier start their first level together
     start_at_ns: int | None = None
+    # --ramp-up: a closed-loop level starts its slots spread over this long; what is claimed
+    # before it ends is warm-up, and `after_ramp` more requests are sent after it (the bodies
+    # are then an endless lazy set, built on demand; docs/open-loop.md "Ramp-up")
+    ramp_up_s: float = 0.0
+    after_ramp: int | None = None
 
 
 @dataclass
@@ -189,13 +194,20 @@ class RecordBook:
         self.done = 0
         self.errors = 0
         self.resends = 0  # requests sent again after a reused connection closed (lab.load.http1)
+        self.ramp_end_ns = 0  # requests claimed before this are warm-up (--ramp-up)
+        self.ramp_warmup: set[int] = set()  # with a ramp: the warm-up's request indices
+
+    def _is_warmup(self, i: int) -> bool:
+        if self.options.after_ramp is not None:
+            return i in self.ramp_warmup
+        return i < self.warmup
 
     def book(self, sent: Sent, raw: RawResponse, keep_text: bool = False,
              warmup: bool | None = None) -> RequestRecord:
         """The record of a finished request, kept and counted (warm-up: the first `warmup`
         request indices, unless told)."""
         rec = build_record(raw, sent, prefix=self.options.request_id_prefix,
-                           warmup=sent.request_index < self.warmup if warmup is None
+                           warmup=self._is_warmup(sent.request_index) if warmup is None
                            else warmup, proc=self.proc, keep_text=keep_text)
         self.records.append(rec)
         self.done += 1
@@ -331,10 +343,26 @@ class _Driver(RecordBook):
         self.head = b""
         self.gap_ns = 0
         self.chain = False
+        self.claimed_after_ramp = 0
 
     def claim(self) -> int | None:
         if self.deadline_ns is not None and time.perf_counter_ns() >= self.deadline_ns:
             return None
+        after = self.options.after_ramp
+        if after is None:
+            return self._claim_index()
+        ramping = time.perf_counter_ns() < self.ramp_end_ns
+        if not ramping and self.claimed_after_ramp >= after:
+            return None
+        i = self._claim_index()
+        if i is not None:
+            if ramping or self.claimed_after_ramp < self.warmup:  # the ramp, then --warmup
+                self.ramp_warmup.add(i)
+            if not ramping:
+                self.claimed_after_ramp += 1
+        return i
+
+    def _claim_index(self) -> int | None:
         if self.shared is not None and self.shared.next_index is not None:
             with self.shared.next_index.get_lock():
                 i = self.shared.next_index.value
@@ -353,7 +381,8 @@ class _Driver(RecordBook):
 
     async def _progress_ticker(self, progress: Callable[[LevelProgress], None],
                                start_ns: int) -> None:
-        total = None if self.options.duration_s else self.payloads.n
+        total = (None if self.options.duration_s or self.options.after_ramp is not None
+                 else self.payloads.n)
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
             progress(LevelProgress(self.done, total, self.errors,
@@ -379,13 +408,15 @@ class _Driver(RecordBook):
         if deadline_ns is None and opts.duration_s:
             deadline_ns = t0 + int(opts.duration_s * 1e9)
         self.deadline_ns = deadline_ns
+        ramp_ns = int(opts.ramp_up_s * 1e9)
+        self.ramp_end_ns = t0 + ramp_ns
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         async with asyncio.TaskGroup() as tg:
             ticker = tg.create_task(self.lag_ticker())
             prog = tg.create_task(self._progress_ticker(progress, t0)) if progress else None
             async with asyncio.TaskGroup() as slots:
-                for _ in range(self.concurrency):
-                    slots.create_task(_Slot(self).run(t0))
+                for k in range(self.concurrency):  # spread over the ramp, if any
+                    slots.create_task(_Slot(self).run(t0 + ramp_ns * k // self.concurrency))
             ticker.cancel()
             if prog is not None:
                 prog.cancel()
@@ -479,6 +510,8 @@ class _Slot:
         loop = asyncio.get_running_loop()
         perf = time.perf_counter_ns
         scheduled = start_ns
+        if start_ns > perf():  # a slot of a --ramp-up starts later than the level
+            await asyncio.sleep((start_ns - perf()) / 1e9)
         try:
             while True:
                 i = d.claim()
@@ -553,6 +586,11 @@ def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options
         conn.close()
 
 
+def _spread(total: int, parts: int) -> list[int]:
+    """`total` over `parts` as evenly as it goes."""
+    return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+
 def split_share(concurrency: int, procs: int) -> list[int]:
     """`concurrency` spread as evenly as it goes over at most `procs` processes."""
     procs = max(1, min(procs, concurrency))
@@ -604,14 +642,19 @@ async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: in
     next_index = ctx.Value("q", 0)
     done = ctx.Value("q", 0)
     errors = ctx.Value("q", 0)
+    shares = split_share(concurrency, options.procs)
     args = [(url, payloads, share, warmup, options, k, next_index, done, errors)
-            for k, share in enumerate(split_share(concurrency, options.procs))]
+            for k, share in enumerate(shares)]
+    if options.after_ramp is not None:  # each process sends its part after the ramp
+        afters, warms = _spread(options.after_ramp, len(shares)), _spread(warmup, len(shares))
+        args = [(url, payloads, share, warms[k], replace(options, after_ramp=afters[k]), k,
+                 next_index, done, errors) for k, share in enumerate(shares)]
 
     def start_message(start_ns: int) -> tuple[int, int | None]:
         deadline = start_ns + int(options.duration_s * 1e9) if options.duration_s else None
         return start_ns, deadline
 
-    total = None if options.duration_s else payloads.n
+    total = None if options.duration_s or options.after_ramp is not None else payloads.n
     return await run_client_processes(ctx, _child, args, start_message, done, errors, total,
                                       progress, not_before_ns=options.start_at_ns)
 
@@ -701,7 +744,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
     payloads = _Payloads(bodies)
-    if options.duration_s is None:
+    if options.duration_s is None and options.after_ramp is None:
         await payloads.prebuild(progress)
     if remote is not None:
         records, infos = await remote.closed(url, payloads, concurrency, warmup, options,

@@ -23,6 +23,7 @@ from lab.analysis.client_health import client_health
 from lab.analysis.levels import level_key
 from lab.analysis.metrics import summarize_run
 from lab.analysis.request_times import requests_frame
+from lab.analysis.slo_share import DEFAULT_SLO_SHARE, SLOs
 from lab.load.client import ClientOptions, LevelProgress, LevelResult, RemoteClients, run_level
 from lab.load.conversation import Conversations, run_conversation_level
 from lab.load.record import RequestRecord, rows
@@ -31,7 +32,8 @@ from lab.load.trace import TraceRequest, TraceRequestSet, offered_rate, offsets_
 from lab.load.workload import RequestSet, WorkloadSpec
 from lab.open_loop.arrivals import ArrivalProcess, schedule_seed
 from lab.open_loop.client import run_rate_level
-from lab.open_loop.rate_search import AUTO_CONCURRENCY, next_rate
+from lab.open_loop.ramp import ramp_schedule
+from lab.open_loop.rate_search import AUTO_CONCURRENCY, MAX_LEVELS, next_concurrency, next_rate
 
 TIMED_LEVEL_MAX_REQUESTS = 10**9  # a timed level draws from a lazy, effectively endless set
 
@@ -99,12 +101,21 @@ class SweepPlan:
     share: StreamShare | None = None
     # --shard with --barrier: the first level's start (perf_counter_ns) the shards agreed on
     start_at_ns: int | None = None
+    # the SLOs (--slo-*): goodput, and the pass criterion of a search (lab.analysis.slo_share)
+    slos: SLOs = field(default_factory=SLOs)
+    slo_share: float = DEFAULT_SLO_SHARE  # the share of good requests a search level needs
+    conc_auto: bool = False  # --conc auto: search the SLO edge over concurrency
+    max_levels: int = MAX_LEVELS  # --rate auto / --conc auto: search levels at most
+    ramp_up_s: float = 0.0  # --ramp-up: each level ramps up this long before it is measured
 
     def requests_for(self, c: int) -> int:
         return self.requests if self.requests is not None else default_requests(c)
 
     def warmup_for(self, c: int) -> int:
-        return self.warmup if self.warmup is not None else c
+        """--warmup, or one request per slot (none after a --ramp-up: the ramp warmed up)."""
+        if self.warmup is not None:
+            return self.warmup
+        return 0 if self.ramp_up_s else c
 
     def levels(self) -> list[tuple[int, int]]:
         return [(c, r) for c in self.concurrency for r in range(self.repeat)]
@@ -114,6 +125,12 @@ class SweepPlan:
 
     def to_dict(self) -> dict:
         shape = self._shape_dict()
+        if self.ramp_up_s:
+            shape["ramp_up_s"] = self.ramp_up_s
+        if self.conc_auto or self.rate_auto:
+            shape["search"] = {"axis": "concurrency" if self.conc_auto else "rate",
+                               "slo_share": self.slo_share if self.slos.given() else None,
+                               "max_levels": self.max_levels}
         if self.conversations.turns > 1:
             shape["conversations"] = self.conversations.to_dict()
         return shape
@@ -221,10 +238,16 @@ class SweepRunner:
         seed = level_seed(concurrency, repeat)
         # a timed level draws from an effectively endless lazy set; its first `warmup`
         # requests are the warm-up, as in a counted level
-        n = (warmup + plan.requests_for(concurrency) if plan.duration_s is None
-             else TIMED_LEVEL_MAX_REQUESTS)
+        n = (warmup + plan.requests_for(concurrency)
+             if plan.duration_s is None and not plan.ramp_up_s else TIMED_LEVEL_MAX_REQUESTS)
+        # a ramp's requests come first, as many as fit: then `after` more (lab.load.client)
+        after = None if not plan.ramp_up_s else (
+            warmup + plan.requests_for(concurrency) if plan.duration_s is None
+            else TIMED_LEVEL_MAX_REQUESTS)
         bodies = RequestSet(plan.workload, self.model, seed, n)
-        options = replace(plan.client, duration_s=plan.duration_s,
+        options = replace(plan.client, duration_s=plan.duration_s and
+                          plan.duration_s + plan.ramp_up_s, ramp_up_s=plan.ramp_up_s,
+                          after_ramp=after,
                           request_id_prefix=f"c{concurrency}-r{repeat}-")
         label = f"c={concurrency}" + (f" (repeat {repeat + 1}/{plan.repeat})"
                                       if plan.repeat > 1 else "")
@@ -262,6 +285,12 @@ class SweepRunner:
         else:
             n = plan.arrival.count_within(rate, plan.duration_s, seed)
         offsets = plan.arrival.schedule_ns(rate, n, seed)
+        if plan.ramp_up_s:  # the rate grows from 0 first; its arrivals are warm-up
+            offsets, in_ramp = ramp_schedule(
+                plan.arrival, rate, seed, plan.ramp_up_s, duration_s=plan.duration_s,
+                measured=None if plan.duration_s is not None else n)
+            n = len(offsets)
+            warmup += in_ramp
         bodies = RequestSet(plan.workload, self.model, level_seed(round(rate * 1000), repeat), n)
         options = replace(plan.client, duration_s=None,
                           request_id_prefix=f"r{rate:g}-r{repeat}-")
@@ -333,7 +362,8 @@ class SweepRunner:
         requests = requests_frame(rows(self.records))
         procs = pd.DataFrame(self.procs_samples()) if self.procs_samples else None
         levels = summarize_run(requests, procs=procs if procs is not None and len(procs) else None,
-                               clients=self.clients)
+                               clients=self.clients,
+                               slos=self.plan.slos if self.plan.slos.given() else None)
         rundir.write_levels(self.run_dir, levels)
         mask = (levels["concurrency"] == concurrency) & (levels["repeat"] == repeat)
         if rate is not None:
@@ -353,14 +383,34 @@ class SweepRunner:
         assert self.last_row is not None  # run_one saved the closed-loop level
         start = float(self.last_row["req_s"])
         tried: list[tuple[float, bool]] = []
-        while (rate := next_rate(start, tried)) is not None:
+        while (rate := next_rate(start, tried, self.plan.max_levels)) is not None:
             await self.run_rate(rate, 0)
-            assert self.last_row is not None
-            tried.append((rate, bool(self.last_row["sustained"] >= 1)))
+            tried.append((rate, self._passed()))
+
+    def _passed(self) -> bool:
+        """Whether the last level passes the search: with SLOs, its share of requests meeting
+        every SLO reaches --slo-share; without, its rate was sustained."""
+        row = self.last_row
+        assert row is not None
+        if self.plan.slos.given():
+            share = row.get("slo_share")
+            return share is not None and not pd.isna(share) and share >= self.plan.slo_share
+        return bool(row["sustained"] >= 1)
+
+    async def run_conc_auto(self) -> None:
+        """--conc auto: concurrencies chosen by `rate_search.next_concurrency`, each passing
+        when --slo-share of its requests met every SLO."""
+        tried: list[tuple[float, bool]] = []
+        while (c := next_concurrency(tried, self.plan.max_levels)) is not None:
+            await self.run_one(c, 0)
+            tried.append((c, self._passed()))
 
     async def run(self) -> None:
         if self.plan.rate_auto:
             await self.run_auto()
+            return
+        if self.plan.conc_auto:
+            await self.run_conc_auto()
             return
         if self.plan.trace is not None:
             for repeat in range(self.plan.repeat):

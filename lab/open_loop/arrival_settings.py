@@ -34,8 +34,9 @@ class ArrivalSettings(Settings):
     rate: tuple[float, ...] | Literal["auto"] | None = setting(
         None, "Open-loop levels, in requests/s, comma-separated, instead of --conc: each "
         "request is sent at its intended time whatever the server does. `auto`: find the "
-        "highest rate the stack sustains, from the closed-loop throughput at c=32, in at most "
-        "8 rate levels (bracket, then bisect).", parse=parse_rate_option,
+        "highest rate the stack sustains (with an --slo-*: at which --slo-share of the requests "
+        "meet every SLO), from the closed-loop throughput at c=32, in at most --max-levels rate "
+        "levels (bracket, then bisect).", parse=parse_rate_option,
         metavar="LIST|auto", format=_format_rate, default_text="none (closed loop, --conc)")
     arrival: str = setting(
         "poisson", "Arrival process of --rate: poisson, gamma:CV (CV > 1 burstier, < 1 "

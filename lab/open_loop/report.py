@@ -54,9 +54,9 @@ def recovery_markdown(recoveries: list[Recovery]) -> str:
 
 
 def timeline_plot(timeline: pd.DataFrame, path: Path, faults: list[dict] | None = None,
-                  origin_ns: int = 0) -> Path:
+                  origin_ns: int = 0, ramps: list[tuple[int, int]] | None = None) -> Path:
     """Per-second sent and completed req/s, in flight, and TTFT p50/p99, per level; faults
-    marked as vertical lines."""
+    marked as vertical lines, each level's --ramp-up (start, end ns) shaded."""
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     tl = timeline.sort_values("t_s")
     for _, g in tl.groupby([c for c in ("concurrency", "rate", "repeat") if c in tl],
@@ -70,6 +70,11 @@ def timeline_plot(timeline: pd.DataFrame, path: Path, faults: list[dict] | None 
         axes[1].plot(x, g["in_flight"], "-", label=label)
         axes[2].plot(x, g["ttft_ms_p50"], "-", label=f"{label} TTFT p50")
         axes[2].plot(x, g["ttft_ms_p99"], ":", label=f"{label} TTFT p99")
+    for k, (start, end) in enumerate(ramps or []):
+        for ax in axes:
+            ax.axvspan((start - origin_ns) / 1e9, (end - origin_ns) / 1e9, color="grey",
+                       alpha=0.15, label="ramp-up (not measured)" if k == 0 and ax is axes[1]
+                       else None)
     for f in faults or []:
         t = (f["t_ns"] - origin_ns) / 1e9
         for ax in axes:

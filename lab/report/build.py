@@ -18,7 +18,8 @@ from lab.analysis.checks import TokenCheck, failed_levels, token_check
 from lab.analysis.faults import FaultAnalysis, analyse_faults
 from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.levels import level_label
-from lab.analysis.metrics import SLOs, by_concurrency, summarize_run
+from lab.analysis.metrics import by_concurrency, summarize_run
+from lab.analysis.slo_share import SLOs
 from lab.analysis.timeline import TimelineError, recovery, run_timeline
 from lab.analysis.turns import per_turn
 from lab.open_loop import report as open_loop_report
@@ -26,6 +27,7 @@ from lab.open_loop.figures import is_open_loop, schedule_sentence, sustained_sen
 from lab.report import plots
 from lab.report.markdown import build_report, delivery_sentence, fnum
 from lab.report.shape import load_shape
+from lab.report.slo import slo_lines
 from lab.report.tokens import tokens_markdown
 from lab.report.turns import turns_markdown
 
@@ -42,6 +44,7 @@ class RunAnalysis:
     tokens: TokenCheck | None = None  # requested vs server-reported tokens
     turns: pd.DataFrame = field(default_factory=pd.DataFrame)  # per turn of a --turns run
     timeline_note: str | None = None  # why the run has no time series, when it has none
+    slo_lines: list[str] = field(default_factory=list)  # goodput and the SLO edge (report.slo)
 
 
 def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
@@ -66,6 +69,19 @@ def stream_interval_of(config: dict) -> int | None:
 def _slos(config: dict) -> SLOs | None:
     s = (config.get("sweep") or {}).get("slos") or {}
     return SLOs(**s) if s else None
+
+
+def ramp_spans(requests: pd.DataFrame, ramp_up_s: float | None) -> list[tuple[int, int]]:
+    """Each level's --ramp-up as (start, end) perf_counter_ns: from its first intended (or
+    sent) request, `ramp_up_s` long; [] without a ramp."""
+    if not ramp_up_s or requests.empty:
+        return []
+    first = requests["sent_ns"].astype("float64")
+    if "intended_ns" in requests:
+        first = requests["intended_ns"].astype("float64").fillna(first)
+    keys = [k for k in ("concurrency", "rate", "repeat") if k in requests]
+    starts = first.groupby([requests[k] for k in keys], dropna=False).min()
+    return [(int(t), int(t + ramp_up_s * 1e9)) for t in starts if not pd.isna(t)]
 
 
 def compute_levels(run_dir: Path, requests: pd.DataFrame | None = None,
@@ -187,7 +203,8 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
     if make_plots and not timeline.empty:
         made.append(("Per second: sent, completed, in flight, TTFT", open_loop_report.timeline_plot(
             timeline, pdir / "timeline.png", faults.fault_marks() if faults else None,
-            int(timeline.attrs.get("origin_ns", 0)))))
+            int(timeline.attrs.get("origin_ns", 0)),
+            ramps=ramp_spans(requests, (config.get("sweep") or {}).get("ramp_up_s")))))
     if make_plots and not table.empty:
         if not open_loop:  # an open-loop run's levels are rates: see the open-loop section
             made.append(("Throughput vs concurrency",
@@ -207,6 +224,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
                 requests, faults.fault_marks(), pdir / "fault_timeline.png",
                 markers=faults.worker_marks())))
     sweep = config.get("sweep") or {}
+    slo = slo_lines(table, levels, knee, sweep, _slos(config))
     fault_md = faults.markdown() if faults is not None else None
     if faults is not None and fault_md is not None and not timeline.empty:
         fault_md += "\n" + open_loop_report.recovery_markdown(
@@ -237,16 +255,18 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         open_loop_md=open_loop_report.open_loop_markdown(
             table, sweep.get("arrival"), sweep.get("max_concurrency")) if open_loop else None,
         turns_md=turns_markdown(turns) if not turns.empty else None,
+        slo_lines=slo,
     )
     (run_dir / rundir.REPORT).write_text(report)
     return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
-                       tokens, turns, timeline_note)
+                       tokens, turns, timeline_note, slo)
 
 
 def summary_lines(analysis: RunAnalysis) -> list[str]:
     """Short terminal summary after the table."""
     t = analysis.table
     out = [] if is_open_loop(t) else [analysis.knee.sentence()]
+    out += analysis.slo_lines
     out.append(delivery_sentence(t, stream_interval_of(analysis.config)))
     if not t.empty:
         req_s, out_tok_s = cat.REQ_S.name, cat.OUT_TOK_S.name

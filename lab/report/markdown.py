@@ -223,12 +223,12 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
                  fault_md: str | None = None, compare_md: str | None = None,
                  delivery: str | None = None, failed_lines: list[str] | None = None,
                  tokens_md: str | None = None, open_loop_md: str | None = None,
-                 turns_md: str | None = None) -> str:
+                 turns_md: str | None = None, slo_lines: list[str] | None = None) -> str:
     """The whole report.md. plots: [(caption, relative path)]; delivery: the tokens-per-event
     sentence; failed_lines: one sentence per level where every request failed; tokens_md:
     requested vs server-reported tokens; open_loop_md: the open-loop section of a --rate sweep
     (which has no knee: its levels are rates, not concurrency); turns_md: the per-turn table
-    of a --turns run."""
+    of a --turns run; slo_lines: goodput beside throughput and the SLO search's edge."""
     parts = [f"# {title}", ""]
     parts += [f"- {s}" for s in setup]
     parts += ["", "## Results", "", results_table(levels), ""]
@@ -239,6 +239,7 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
         parts += ["## Open loop", "", open_loop_md, ""]
     else:
         parts += [f"**{knee.sentence()}**", ""]
+    parts += [f"**{line}**" for line in slo_lines or []] + ([""] if slo_lines else [])
     if knee.steps:
         effs = ", ".join(
             f"e({s.to_conc}) = {'inf' if math.isinf(s.efficiency) else f'{s.efficiency:.2f}'}"

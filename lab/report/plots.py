@@ -37,6 +37,9 @@ def throughput_vs_concurrency(levels: pd.DataFrame, path: Path, title: str = "")
     if {"req_s_min", "req_s_max"} <= set(levels) and (levels.get("repeats", 1) > 1).any():
         ax.fill_between(levels["concurrency"], levels["req_s_min"], levels["req_s_max"],
                         color="tab:blue", alpha=0.2, label="requests/s, min-max over repeats")
+    if "goodput_req_s" in levels and levels["goodput_req_s"].notna().any():
+        ax.plot(levels["concurrency"], levels["goodput_req_s"], "^-", color="tab:green",
+                label="goodput (every SLO met), requests/s")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("requests/s", color="tab:blue")

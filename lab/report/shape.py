@@ -22,6 +22,14 @@ def load_shape(sweep: dict[str, Any]) -> str:
     else:
         levels = ",".join(str(c) for c in sweep.get("concurrency") or [])
         text = f"closed loop at c={levels}" if levels else "closed loop"
+    search = sweep.get("search")
+    if search:
+        goal = (f"at least {100 * search['slo_share']:g}% of requests meeting every SLO"
+                if search.get("slo_share") else "sustained")
+        text += (f", searched by {search['axis']} ({goal}; at most {search['max_levels']} "
+                 "levels)")
+    if sweep.get("ramp_up_s"):
+        text += f", each level ramped up over {sweep['ramp_up_s']:g} s first (not measured)"
     if sweep.get("max_concurrency"):
         text += f", at most {sweep['max_concurrency']} in flight"
     conv = sweep.get("conversations")

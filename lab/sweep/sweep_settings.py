@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 from pydantic import model_validator
 
 from lab.analysis.knee import DEFAULT_THRESHOLD as KNEE_THRESHOLD
+from lab.analysis.slo_share import DEFAULT_SLO_SHARE
 from lab.load.client_settings import MAX_CONCURRENCY
 from lab.load.workload import (
     ENDPOINTS,
@@ -26,6 +27,7 @@ from lab.load.workload import (
     TARGET_PROMPT_KIND,
     WorkloadSpec,
 )
+from lab.open_loop.rate_search import AUTO_CONCURRENCY, MAX_LEVELS
 from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, setting
 from launch.faults import FAULT_KINDS
 
@@ -62,8 +64,13 @@ def parse_conc(value: str) -> list[int]:
     return sorted(set(out))
 
 
-def format_conc(levels: tuple[int, ...]) -> list[str]:
-    return [",".join(str(c) for c in levels)]
+def parse_conc_option(value: str) -> tuple[int, ...] | Literal["auto"]:
+    """--conc: a list of concurrencies, or `auto` (search the SLO edge)."""
+    return "auto" if str(value).strip() == "auto" else tuple(parse_conc(value))
+
+
+def format_conc(levels: tuple[int, ...] | str) -> list[str]:
+    return [levels if isinstance(levels, str) else ",".join(str(c) for c in levels)]
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,12 @@ def _length_stddev(default: float, what: str) -> Any:
 class SweepSettings(Settings):
     """The `lab sweep` command line, less the topology and load-client options."""
 
-    conc: tuple[int, ...] = setting(
-        DEFAULT_CONC, "Concurrency levels (requests in flight), comma-separated.",
-        metavar="LIST", parse=parse_conc, format=format_conc)
+    conc: tuple[int, ...] | Literal["auto"] = setting(
+        DEFAULT_CONC, "Concurrency levels (requests in flight), comma-separated. `auto` (with "
+        "an --slo-*): find the highest concurrency at which --slo-share of the requests meet "
+        f"every SLO, from c={AUTO_CONCURRENCY}, in at most --max-levels levels (bracket by "
+        "doubling or halving, then bisect).", metavar="LIST|auto", parse=parse_conc_option,
+        format=format_conc)
     isl: int = setting(
         _WORKLOAD.isl, "Input (prompt) tokens per request: exact in --tokenizer's tokenizer when "
         "given, else in the lab frontend's word tokenizer.", ge=1, le=MAX_SEQUENCE_TOKENS)
@@ -182,6 +192,19 @@ class SweepSettings(Settings):
     slo_ttft_ms: float | None = _slo_ms("TTFT")
     slo_latency_ms: float | None = _slo_ms("Latency")
     slo_itl_ms: float | None = _slo_ms("ITL")
+    slo_share: float = setting(
+        DEFAULT_SLO_SHARE, "With an --slo-* and --rate auto or --conc auto: the share of "
+        "requests that must meet every SLO for a level to pass. 0.99 is a p99 objective, as "
+        "users state SLOs; 1.0 would let one slow outlier end the search, 0.95 would pass a "
+        "level where one user in twenty misses.", gt=0, le=1, metavar="SHARE")
+    max_levels: int = setting(
+        MAX_LEVELS, "--rate auto / --conc auto: run at most this many search levels (the "
+        "closed-loop level of --rate auto not counted).", ge=2, le=100, metavar="N")
+    ramp_up: float = setting(
+        0.0, "Ramp each level up over this long before it is measured: a closed-loop level "
+        "starts its slots spread over it, a rate level's rate grows linearly from 0. The "
+        "requests sent during the ramp are recorded as warm-up, outside the measured window.",
+        ge=0, le=MAX_SECONDS, metavar="SECONDS")
     knee_threshold: float = setting(
         KNEE_THRESHOLD, "Marginal-efficiency threshold of the knee rule (a step whose "
         "efficiency falls below it ends the sweep's useful range).", gt=0)
@@ -202,7 +225,15 @@ class SweepSettings(Settings):
                              "(the shared prefix is part of the prompt)")
         if self.requests is not None and self.duration is not None:
             raise ValueError("--requests and --duration are alternatives: give one")
+        if self.conc == "auto" and not self.slos():
+            raise ValueError("--conc auto searches the SLO edge: give at least one of "
+                             "--slo-ttft-ms, --slo-latency-ms, --slo-itl-ms")
         return self
+
+    @property
+    def conc_levels(self) -> list[int]:
+        """The given concurrency levels ([] with `--conc auto`: the search picks them)."""
+        return [] if self.conc == "auto" else list(self.conc)
 
     def slos(self) -> dict[str, float]:
         """The goodput SLOs given, by metric (ttft_ms, latency_ms, itl_ms)."""

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from lab.open_loop.rate_search import GROW, MAX_LEVELS, RESOLUTION, next_rate
+from lab.open_loop.rate_search import (
+    AUTO_CONCURRENCY,
+    GROW,
+    MAX_LEVELS,
+    RESOLUTION,
+    next_concurrency,
+    next_rate,
+)
 
 
 def search(start: float, ceiling: float) -> list[tuple[float, bool]]:
@@ -37,3 +44,36 @@ def test_brackets_downwards_then_bisects_to_the_resolution() -> None:
 
 def test_is_bounded_however_far_the_ceiling() -> None:
     assert len(search(1.0, 1e6)) == MAX_LEVELS
+
+
+def conc_search(edge: int, max_levels: int = MAX_LEVELS) -> list[tuple[float, bool]]:
+    """The concurrencies `--conc auto` tries against a stack whose SLO holds up to `edge`."""
+    tried: list[tuple[float, bool]] = []
+    while (c := next_concurrency(tried, max_levels)) is not None:
+        tried.append((c, c <= edge))
+    return tried
+
+
+def test_the_concurrency_search_halves_then_bisects_to_adjacent_integers() -> None:
+    tried = conc_search(5)
+    assert [c for c, _ in tried[:4]] == [AUTO_CONCURRENCY, 16, 8, 4]
+    lo, hi = bracket(tried)
+    assert (lo, hi) == (5, 6)
+    assert len(tried) <= MAX_LEVELS
+
+
+def test_the_concurrency_search_doubles_up_and_stops_at_max_levels() -> None:
+    tried = conc_search(10**6, max_levels=4)
+    assert [c for c, _ in tried] == [32, 64, 128, 256]
+
+
+def test_the_concurrency_search_ends_when_even_one_fails() -> None:
+    tried = conc_search(0)
+    assert [c for c, _ in tried] == [32, 16, 8, 4, 2, 1]
+
+
+def test_max_levels_bounds_the_rate_search() -> None:
+    tried: list[tuple[float, bool]] = []
+    while (rate := next_rate(10.0, tried, 3)) is not None:
+        tried.append((rate, True))
+    assert len(tried) == 3
