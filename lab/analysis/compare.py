@@ -173,18 +173,24 @@ def compare_sentences(runs: list[RunData], aligned: pd.DataFrame) -> list[str]:
     return [throughput_sentence(aligned, runs[0].label, r.label, modes=modes) for r in runs[1:]]
 
 
-def table_rows(runs: list[RunData], aligned: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the printed comparison: per metric, each run's value and deltas."""
+def table_rows(runs: list[RunData], aligned: pd.DataFrame,
+               only: tuple[str, ...] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the comparison table: per metric, each run's value and deltas;
+    `only`: these metrics (columns of `compared`), in that order."""
     axis = _axis_of(aligned)
+    metrics = compared(axis)
+    if only is not None:
+        names = dict(metrics)
+        metrics = tuple((col, names[col]) for col in only if col in names)
     header = [{"rate": "Rate", "trace": "Level"}.get(axis, "Conc")]
-    for _, name in compared(axis):
+    for _, name in metrics:
         header.append(f"{name} ({runs[0].label})")
         for r in runs[1:]:
             header += [f"{name} ({r.label})", "Δ%"]
     rows = []
     for _, a in aligned.iterrows():
         row = [_level(axis, a[axis])]
-        for col, _ in compared(axis):
+        for col, _ in metrics:
             row.append(_num(a.get(f"{col}|{runs[0].label}")))
             for r in runs[1:]:
                 row.append(_num(a.get(f"{col}|{r.label}")))
