@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lab.shared.engine_settings import EngineSettings
 from lab.shared.frontend_settings import FrontendSettings
+from lab.shared.reasoning import REASONING_PARSERS, engine_args_reason
 from lab.shared.sidecar_settings import SidecarSettings
 from launch.topology import FleetSpec, TopologySpec
 
@@ -105,6 +106,10 @@ def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engin
 def frontend_settings(spec: TopologySpec, discovery: str,
                       host: str = LISTEN_HOST) -> FrontendSettings:
     s = spec.sockets
+    # the engines emit a reasoning span: the frontend splits it (docs/mocker.md
+    # "Reasoning spans")
+    reasons = any(engine_args_reason(f.engine_args) for f in spec.fleets)
+    parser: dict[str, str] = {"reasoning_parser": REASONING_PARSERS[0]} if reasons else {}
     return FrontendSettings(
         listen=f"{host}:{spec.frontend_port}",
         discovery=discovery,
@@ -118,6 +123,7 @@ def frontend_settings(spec: TopologySpec, discovery: str,
         enforce_disagg=spec.enforce_disagg,
         tokenizer=spec.tokenizer,
         expect=spec.expected_workers(),
+        **parser,  # type: ignore[arg-type]
     )
 
 

@@ -9,28 +9,32 @@ from typing import Any
 
 import pandas as pd
 
-# (column of by_concurrency levels, label in tables)
-COMPARED = (
-    ("req_s", "req/s"),
-    ("out_tok_s", "out tok/s"),
-    ("latency_ms_avg", "latency avg ms"),
-    ("latency_ms_p99", "latency p99 ms"),
-    ("ttft_ms_avg", "TTFT avg ms"),
-    ("ttft_ms_p50", "TTFT p50 ms"),
-    ("ttft_ms_p99", "TTFT p99 ms"),
-    ("itl_ms_avg", "ITL avg ms"),
-    ("tokens_per_chunk", "tok/chunk"),
-    ("server_cpu_us_per_token", "server CPU us/token"),
-    ("client_cpu_us_per_token", "client CPU us/token"),
-    ("total_cpu_us_per_token", "total CPU us/token"),
+from lab.analysis import catalogue as cat
+from lab.analysis.catalogue import Column
+
+#: The compared columns of by_concurrency levels (headings and better directions: the catalogue).
+COMPARED: tuple[Column, ...] = (
+    cat.REQ_S.col(),
+    cat.OUT_TOK_S.col(),
+    cat.LATENCY.col("avg"),
+    cat.LATENCY.col("p99"),
+    cat.TTFT.col("avg"),
+    cat.TTFT.col("p50"),
+    cat.TTFT.col("p99"),
+    cat.ITL.col("avg"),
+    cat.TOKENS_PER_CHUNK.col(),
+    cat.SERVER_CPU_US_PER_TOKEN.col(),
+    cat.CLIENT_CPU_US_PER_TOKEN.col(),
+    cat.TOTAL_CPU_US_PER_TOKEN.col(),
 )
 #: Also compared when every run is open loop (levels aligned by rate; docs/open-loop.md).
-OPEN_LOOP_COMPARED = (
-    ("sent_req_s", "sent req/s"),
-    ("ttft_intended_ms_p99", "TTFT p99 (intended) ms"),
-    ("latency_intended_ms_p99", "latency p99 (intended) ms"),
-    ("dispatch_lag_ms_p99", "dispatch lag p99 ms"),
+OPEN_LOOP_COMPARED: tuple[Column, ...] = (
+    cat.SENT_REQ_S.col(),
+    cat.TTFT_INTENDED.col("p99"),
+    cat.LATENCY_INTENDED.col("p99"),
+    cat.DISPATCH_LAG.col("p99"),
 )
+#: A delta below this (%) is no change: "matches" in the sentence, no better/worse in the table.
 NEGLIGIBLE_PCT = 0.05
 
 
@@ -86,7 +90,7 @@ def level_axis(runs: list[RunData]) -> str:
     return "rate" if rated else "concurrency"
 
 
-def compared(axis: str) -> tuple[tuple[str, str], ...]:
+def compared(axis: str) -> tuple[Column, ...]:
     return COMPARED + OPEN_LOOP_COMPARED if axis in ("rate", "trace") else COMPARED
 
 
@@ -115,7 +119,8 @@ def align(runs: list[RunData]) -> pd.DataFrame:
     rows = []
     for c in concs:
         row: dict[str, Any] = {axis: c}
-        for col, _ in compared(axis):
+        for column in compared(axis):
+            col = column.name
             b = base.at[c, col] if col in base else None
             row[f"{col}|{runs[0].label}"] = b
             for run, o in zip(runs[1:], others, strict=True):
@@ -133,7 +138,7 @@ def _fmt_pct(x: float) -> str:
 def throughput_sentence(aligned: pd.DataFrame, base_label: str, label: str,
                         modes: bool = True) -> str:
     """'disaggregated costs 4.1% throughput at 32, 11.8% at 128' (and/or 'gains ...')."""
-    col = f"req_s|{label}|delta_pct"
+    col = f"{cat.REQ_S.name}|{label}|delta_pct"
     if aligned.empty or col not in aligned:
         axis = _axis_of(aligned)
         return f"{label} and {base_label} share no {axis} level: nothing to compare"
@@ -175,29 +180,37 @@ def compare_sentences(runs: list[RunData], aligned: pd.DataFrame) -> list[str]:
 
 def table_rows(runs: list[RunData], aligned: pd.DataFrame,
                only: tuple[str, ...] | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the comparison table: per metric, each run's value and deltas;
-    `only`: these metrics (columns of `compared`), in that order."""
+    """Header and rows of the comparison table: per metric, each run's value and deltas, a
+    delta followed by 'better' or 'worse' when the metric has a better direction; `only`:
+    these metrics (column names of `compared`), in that order."""
     axis = _axis_of(aligned)
     metrics = compared(axis)
     if only is not None:
-        names = dict(metrics)
-        metrics = tuple((col, names[col]) for col in only if col in names)
+        by_name = {column.name: column for column in metrics}
+        metrics = tuple(by_name[name] for name in only if name in by_name)
     header = [{"rate": "Rate", "trace": "Level"}.get(axis, "Conc")]
-    for _, name in metrics:
-        header.append(f"{name} ({runs[0].label})")
+    for column in metrics:
+        header.append(f"{column.heading} ({runs[0].label})")
         for r in runs[1:]:
-            header += [f"{name} ({r.label})", "Δ%"]
+            header += [f"{column.heading} ({r.label})", "Δ%"]
     rows = []
     for _, a in aligned.iterrows():
         row = [_level(axis, a[axis])]
-        for col, _ in metrics:
+        for column in metrics:
+            col = column.name
             row.append(_num(a.get(f"{col}|{runs[0].label}")))
             for r in runs[1:]:
                 row.append(_num(a.get(f"{col}|{r.label}")))
                 d = a.get(f"{col}|{r.label}|delta_pct")
-                row.append("" if d is None or pd.isna(d) else f"{d:+.1f}%")
+                row.append("" if d is None or pd.isna(d) else _delta(d, column))
         rows.append(row)
     return header, rows
+
+
+def _delta(d: float, column: Column) -> str:
+    """'+33.3% worse', '-4.1%' (a metric with no better direction), '+0.0%'."""
+    judged = column.judge(d, NEGLIGIBLE_PCT)
+    return f"{d:+.1f}%" + (f" {judged}" if judged else "")
 
 
 def _num(v: Any) -> str:

@@ -6,6 +6,7 @@
 | TTST | second content chunk - first content chunk |
 | request latency | last content chunk - request sent |
 | ITL (per request) | (latency - TTFT) / (output tokens - 1) |
+| TTFR, TTFO | first reasoning / first answer chunk - request sent (TTFO = TTFT without reasoning) |
 | inter-chunk gaps | every gap between consecutive content chunks, pooled over requests |
 | output tokens | the server's usage when present, else counted chunks (output_tokens_source) |
 | request throughput | successful requests / measured duration |
@@ -18,7 +19,8 @@ The client stores ns stamps; analysis derives every ms figure once. The per-requ
 (send_delay_ms, ttft_ms, ttst_ms, latency_ms, itl_ms) are derived from the ns columns by
 `lab.analysis.request_times.with_request_times`; the functions here read frames that went
 through it (`rundir.read_requests`, `request_times.requests_frame`), so a run is analysed
-from requests.parquet alone.
+from requests.parquet alone. The levels.csv columns they fill, with their units and statistics,
+are the catalogue's (`lab.analysis.catalogue`).
 
 Percentiles are exact: numpy's linear interpolation over all values.
 """
@@ -32,9 +34,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lab.analysis import catalogue as cat
 from lab.analysis.levels import level_key, level_keys
 from lab.analysis.request_times import NS_PER_MS
-from lab.analysis.stats import STATS, describe, measured
+from lab.analysis.stats import describe, measured
 from lab.open_loop.figures import open_loop_figures
 
 
@@ -84,10 +87,6 @@ def format_errors(counts: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{k}: {n}" for k, n in counts.items()) + ")"
 
 
-def _prefixed(prefix: str, stats: dict[str, float | None], keep: tuple[str, ...] = STATS) -> dict:
-    return {f"{prefix}_{k}": stats[k] for k in keep}
-
-
 def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | None,
                     duration_s: float, ok: int, out_tokens: int = 0) -> dict[str, Any]:
     """Each server process's CPU % over the window and peak RSS (MB), and the server's CPU per
@@ -119,10 +118,35 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
         cpu_s = cpu / 100.0 * duration_s
         total_cpu_s += cpu_s
         out[f"cpu_s_per_1k:{name}"] = 1000.0 * cpu_s / ok if ok else None
-    out["server_cpu_pct"] = sum(v for k, v in out.items() if k.startswith("cpu_pct:"))
-    out["server_cpu_ms_per_req"] = 1000.0 * total_cpu_s / ok if ok else None
-    out["server_cpu_us_per_token"] = 1e6 * total_cpu_s / out_tokens if out_tokens else None
+    out[cat.SERVER_CPU_PCT.name] = sum(v for k, v in out.items() if k.startswith("cpu_pct:"))
+    out[cat.SERVER_CPU_MS_PER_REQ.name] = 1000.0 * total_cpu_s / ok if ok else None
+    out[cat.SERVER_CPU_US_PER_TOKEN.name] = (1e6 * total_cpu_s / out_tokens if out_tokens
+                                             else None)
     return out
+
+
+#: the reasoning stream's metrics (lab.analysis.catalogue)
+REASONING = (cat.TTFR, cat.TTFO, cat.REASONING_CHUNKS, cat.ANSWER_CHUNKS)
+
+
+def reasoning_figures(ok_rows: pd.DataFrame) -> dict[str, Any]:
+    """A level's reasoning-stream figures (docs/metrics.md "Reasoning"): TTFR and TTFO p50/p99
+    and the mean reasoning-only and answer chunks per request; TTFR is None and the reasoning
+    chunks 0 for a level without reasoning. The columns are REASONING_LEVEL_COLUMNS."""
+    n = len(ok_rows)
+    reasoning = (ok_rows["reasoning_chunks"].fillna(0).astype("float64")
+                 if "reasoning_chunks" in ok_rows else pd.Series(0.0, index=ok_rows.index))
+    row: dict[str, Any] = {}
+    row.update(cat.TTFR.values(describe(ok_rows["ttfr_ms"])))
+    row.update(cat.TTFO.values(describe(ok_rows["ttfo_ms"])))
+    row[cat.REASONING_CHUNKS.name] = float(reasoning.mean()) if n else None
+    row[cat.ANSWER_CHUNKS.name] = (float((ok_rows["chunks"].fillna(0) - reasoning).mean())
+                                   if n else None)
+    return row
+
+
+#: The levels.csv columns of `reasoning_figures`, in order.
+REASONING_LEVEL_COLUMNS = tuple(c.name for m in REASONING for c in m.columns())
 
 
 def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
@@ -145,11 +169,11 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
         "ok": n_ok,
         "failed": n_failed,
         "warmup": int(len(df) - len(m)),
-        "error_rate": n_failed / len(m) if len(m) else None,
+        cat.ERROR_RATE.name: n_failed / len(m) if len(m) else None,
         "errors": format_errors(errors),
-        "duration_s": duration_s,
-        "req_s": n_ok / duration_s if duration_s > 0 else None,
-        "out_tok_s": out_tokens / duration_s if duration_s > 0 else None,
+        cat.DURATION.name: duration_s,
+        cat.REQ_S.name: n_ok / duration_s if duration_s > 0 else None,
+        cat.OUT_TOK_S.name: out_tokens / duration_s if duration_s > 0 else None,
         "output_tokens": out_tokens,
         "output_tokens_mean": float(ok_rows["output_tokens"].mean()) if n_ok else None,
         "input_tokens_mean": float(ok_rows["input_tokens"].mean()) if n_ok else None,
@@ -157,16 +181,15 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
                                if n_ok and ok_rows["cached_tokens"].notna().any() else None),
         "output_tokens_source": (ok_rows["output_tokens_source"].mode().iloc[0] if n_ok else None),
         **requested_vs_reported(ok_rows),
-        "tokens_per_chunk": out_tokens / chunks if chunks else None,
+        cat.TOKENS_PER_CHUNK.name: out_tokens / chunks if chunks else None,
         "window_start_ns": start,
         "window_end_ns": end,
     }
-    row.update(_prefixed("ttft_ms", describe(ok_rows["ttft_ms"])))
-    row.update(_prefixed("ttst_ms", describe(ok_rows["ttst_ms"]), ("avg", "p50", "p99")))
-    row.update(_prefixed("latency_ms", describe(ok_rows["latency_ms"])))
-    row.update(_prefixed("itl_ms", describe(ok_rows["itl_ms"]), ("avg", "p50", "p99")))
-    row.update(_prefixed("gap_ms", describe(chunk_gaps_ms(ok_rows)), ("avg", "p50", "p99", "max")))
-    row.update(_prefixed("send_delay_ms", describe(m["send_delay_ms"]), ("p50", "p99", "max")))
+    for figure in (cat.TTFT, cat.TTST, cat.LATENCY, cat.ITL):  # per-request columns of that name
+        row.update(figure.values(describe(ok_rows[figure.name])))
+    row.update(cat.GAP.values(describe(chunk_gaps_ms(ok_rows))))
+    row.update(cat.SEND_DELAY.values(describe(m["send_delay_ms"])))
+    row.update(reasoning_figures(ok_rows))
     if slos is not None and slos.given():
         good = ok_rows
         if slos.ttft_ms is not None:
@@ -175,18 +198,20 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
             good = good[good["latency_ms"] <= slos.latency_ms]
         if slos.itl_ms is not None:
             good = good[good["itl_ms"].fillna(0) <= slos.itl_ms]
-        row["goodput_req_s"] = len(good) / duration_s if duration_s > 0 else None
+        row[cat.GOODPUT.name] = len(good) / duration_s if duration_s > 0 else None
     client = client or {}
     if "rate" in df and df["rate"].notna().any():
         row.update(open_loop_figures(df))
-    row["client_procs"] = client.get("procs")
-    row["client_cpu_pct"] = client.get("cpu_pct")
-    row["client_cpu_pct_max_proc"] = client.get("cpu_pct_max_proc")
-    row["client_cpu_ms_per_req"] = client.get("cpu_ms_per_request")
-    row["loop_lag_p99_ms"] = client.get("loop_lag_p99_ms")
-    row["loop_lag_max_ms"] = client.get("loop_lag_max_ms")
+    # the client's health figures, as client.json names them
+    for figure, key in ((cat.CLIENT_PROCS, "procs"), (cat.CLIENT_CPU_PCT, "cpu_pct"),
+                        (cat.CLIENT_CPU_PCT_MAX_PROC, "cpu_pct_max_proc"),
+                        (cat.CLIENT_CPU_MS_PER_REQ, "cpu_ms_per_request"),
+                        (cat.LOOP_LAG_P99, "loop_lag_p99_ms"),
+                        (cat.LOOP_LAG_MAX, "loop_lag_max_ms")):
+        row[figure.name] = client.get(key)
     row.update(process_figures(procs, start, end, duration_s, n_ok, out_tokens))
-    row.update(whole_machine_cpu(client.get("cpu_s"), df, row.get("server_cpu_us_per_token")))
+    row.update(whole_machine_cpu(client.get("cpu_s"), df,
+                                 row.get(cat.SERVER_CPU_US_PER_TOKEN.name)))
     return row
 
 
@@ -202,7 +227,7 @@ def whole_machine_cpu(client_cpu_s: float | None, df: pd.DataFrame,
     client = 1e6 * client_cpu_s / tokens if client_cpu_s is not None and tokens else None
     total = (client + server_us_per_token
              if client is not None and server_us_per_token is not None else None)
-    return {"client_cpu_us_per_token": client, "total_cpu_us_per_token": total}
+    return {cat.CLIENT_CPU_US_PER_TOKEN.name: client, cat.TOTAL_CPU_US_PER_TOKEN.name: total}
 
 
 def requested_vs_reported(ok_rows: pd.DataFrame) -> dict[str, float | None]:
@@ -259,7 +284,7 @@ def by_concurrency(levels: pd.DataFrame) -> pd.DataFrame:
     agg = levels.groupby(keys, sort=True, dropna=False)
     out = agg[list(numeric)].mean()
     out["repeats"] = agg.size()
-    for col in ("req_s", "latency_ms_avg"):
+    for col in (cat.REQ_S.name, cat.LATENCY.col("avg").name):
         if col in levels:
             out[f"{col}_min"] = agg[col].min()
             out[f"{col}_max"] = agg[col].max()

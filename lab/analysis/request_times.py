@@ -20,7 +20,7 @@ NS_PER_MS = 1e6
 
 #: The per-request figures derived here, in milliseconds; never stored.
 REQUEST_MS_COLUMNS = ("send_delay_ms", "ttft_ms", "ttst_ms", "latency_ms", "itl_ms",
-                      "held_ms", "ttft_intended_ms", "latency_intended_ms")
+                      "held_ms", "ttft_intended_ms", "latency_intended_ms", "ttfr_ms", "ttfo_ms")
 
 
 def _ns(df: pd.DataFrame, column: str) -> pd.Series:
@@ -46,7 +46,9 @@ def with_request_times(requests: pd.DataFrame) -> pd.DataFrame:
     - 1), for more than one output token. Open-loop requests (docs/open-loop.md) also get the
     figures from their intended send time, corrected for coordinated omission: held = scheduled
     - intended, TTFT (intended) = first content chunk - intended, latency (intended) = last
-    content chunk - intended. NaN where a request lacks the stamps (no content chunk, too few
+    content chunk - intended. A reasoning stream's TTFR = first reasoning chunk - sent and TTFO =
+    first answer chunk - sent (a run recorded before these stamps: TTFO = TTFT). NaN where a
+    request lacks the stamps (no content chunk, too few
     chunks or tokens, no intended send time).
     """
     sent = _ns(requests, "sent_ns")
@@ -64,6 +66,10 @@ def with_request_times(requests: pd.DataFrame) -> pd.DataFrame:
         "held_ms": (_ns(requests, "scheduled_ns") - intended) / NS_PER_MS,
         "ttft_intended_ms": (first - intended) / NS_PER_MS,
         "latency_intended_ms": (_ns(requests, "end_ns") - intended) / NS_PER_MS,
+        # reasoning streams (docs/metrics.md "Reasoning"): time to the first reasoning chunk
+        # and to the first answer chunk (TTFO; TTFT when no chunk was reasoning only)
+        "ttfr_ms": (_ns(requests, "first_reasoning_ns") - sent) / NS_PER_MS,
+        "ttfo_ms": (_ns(requests, "first_answer_ns").fillna(first) - sent) / NS_PER_MS,
     }
     return requests.assign(**derived)
 

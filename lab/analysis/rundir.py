@@ -77,6 +77,11 @@ REQUEST_SCHEMA = pa.schema([
     # conversations (--turns): which conversation a request is a turn of, and which turn
     ("conversation", pa.int64()),
     ("turn", pa.int64()),
+    # reasoning streams (docs/metrics.md "Reasoning"): first reasoning / answer chunk, and the
+    # chunks with reasoning only
+    ("first_reasoning_ns", pa.int64()),
+    ("first_answer_ns", pa.int64()),
+    ("reasoning_chunks", pa.int64()),
 ])
 REQUEST_COLUMNS = REQUEST_SCHEMA.names
 

@@ -60,12 +60,11 @@ def say_to_stderr(quiet: bool) -> Any:
            "exactly the probe lengths, and the lab stack that measures its own path "
            "tokenizes with it too.")
 @prompt_form_options
-@click.option("--context-isl", default=",".join(map(str, P.DEFAULT_CONTEXT_ISL)),
-              show_default=True, metavar="LIST",
+@click.option("--context-isl", default=None, metavar="LIST",
               help="Prompt lengths of the concurrency-1 probes (prefill from their TTFT, decode "
-              "over context length from their token gaps). Reach the target's per-pass token "
-              "budget (8192 by default in vLLM and TensorRT-LLM): past the last length the "
-              "fitted prefill is extrapolated linearly.")
+              "over context length from their token gaps).  [default: "
+              f"{','.join(map(str, P.DEFAULT_CONTEXT_ISL))}, and --max-num-batched-tokens when "
+              "larger (a full pass) and the target's context length allows]")
 @click.option("--context-osl", type=click.IntRange(2, 100_000), default=P.DEFAULT_CONTEXT_OSL,
               show_default=True, help="Output tokens of the concurrency-1 probes.")
 @click.option("--context-requests", type=click.IntRange(1, 100_000),
@@ -144,8 +143,10 @@ def calibrate(**kw: Any) -> None:
     (use it with `lab sweep --engine-args`, `lab up` or `lab fidelity`), engine-args-linear.json,
     engine-args-profile.json with profile.csv, fit.json, fit.md and plots/fit.png.
     """
+    budget = kw["max_num_batched_tokens"] or DEFAULT_MAX_NUM_BATCHED_TOKENS
     probe_set = P.ProbeSet(
-        context_isl=parse_ints(kw["context_isl"], "--context-isl"),
+        context_isl=(parse_ints(kw["context_isl"], "--context-isl") if kw["context_isl"]
+                     else P.DEFAULT_CONTEXT_ISL),
         context_osl=kw["context_osl"], context_requests=kw["context_requests"],
         batch_conc=parse_ints(kw["batch_conc"], "--batch-conc"),
         batch_isl=parse_ints(kw["batch_isl"], "--batch-isl"),
@@ -163,6 +164,9 @@ def calibrate(**kw: Any) -> None:
                           quiet=kw["quiet"])
     workload = replace(workload, include_usage=info.include_usage)
     target_engine = read_target_engine(info.url, info.model)
+    if not kw["context_isl"]:
+        probe_set = replace(probe_set, context_isl=P.default_context_isl(
+            budget, target_engine.max_model_len, probe_set.context_osl))
     run_dir = make_dir(kw["name"], kw["out"])
     from launch.config import write_config
 

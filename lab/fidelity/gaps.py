@@ -13,18 +13,24 @@ from typing import Any
 
 import pandas as pd
 
-#: (levels.csv column, the name shown): the metrics compared level by level. TTFT's mean is
-#: there because at a closed loop's wave boundary a level's TTFT is bimodal and its p50 falls
-#: on the boundary, where it moved 20-24% between runs of one stack, the mean 8-9%
-#: (docs/fidelity.md "Measured gaps", the Intel Xeon run).
-METRICS: tuple[tuple[str, str], ...] = (
-    ("ttft_ms_p50", "TTFT p50 (ms)"),
-    ("ttft_ms_avg", "TTFT mean (ms)"),
-    ("ttft_ms_p99", "TTFT p99 (ms)"),
-    ("itl_ms_p50", "ITL p50 (ms)"),
-    ("latency_ms_p50", "latency p50 (ms)"),
-    ("req_s", "req/s"),
+from lab.analysis import catalogue as cat
+from lab.analysis.catalogue import Column
+
+#: The columns compared level by level (the catalogue's). TTFT's mean is there because at a
+#: closed loop's wave boundary a level's TTFT is bimodal and its p50 falls on the boundary,
+#: where it moved 20-24% between runs of one stack, the mean 8-9% (docs/fidelity.md
+#: "Measured gaps", the Intel Xeon run).
+COLUMNS: tuple[Column, ...] = (
+    cat.TTFT.col("p50"),
+    cat.TTFT.col("avg"),
+    cat.TTFT.col("p99"),
+    cat.ITL.col("p50"),
+    cat.LATENCY.col("p50"),
+    cat.REQ_S.col(),
 )
+#: (levels.csv column, the name shown) of each of COLUMNS: what the gaps, the suite and the
+#: plots iterate over.
+METRICS: tuple[tuple[str, str], ...] = tuple((c.name, c.heading) for c in COLUMNS)
 WITHIN_5 = 5.0
 WITHIN_10 = 10.0
 #: the concurrency levels at which the disaggregation cost is stated
@@ -140,7 +146,7 @@ def disagg_cost(agg: pd.DataFrame, disagg: pd.DataFrame,
     (levels that either run lacks are left out)."""
     out = {}
     for c in levels:
-        a, d = level_value(agg, c, "req_s"), level_value(disagg, c, "req_s")
+        a, d = level_value(agg, c, cat.REQ_S.name), level_value(disagg, c, cat.REQ_S.name)
         if math.isfinite(a) and math.isfinite(d) and a > 0:
             out[c] = 100.0 * (1.0 - d / a)
     return out

@@ -41,6 +41,17 @@ from lab.load.workload import WorkloadSpec
 #: length to --context-isl (the fit report warns when the lengths do not fill one pass).
 DEFAULT_CONTEXT_ISL = (64, 256, 1024, 4096)
 DEFAULT_CONTEXT_OSL = 32
+
+
+def default_context_isl(budget: int, max_model_len: int | None,
+                        osl: int = DEFAULT_CONTEXT_OSL) -> tuple[int, ...]:
+    """DEFAULT_CONTEXT_ISL, plus the pass budget when it is longer (a prompt that fills one
+    pass) and the target's context length holds it with its output."""
+    lengths = set(DEFAULT_CONTEXT_ISL)
+    if budget > max(lengths) and (max_model_len is None or budget + osl <= max_model_len):
+        lengths.add(budget)
+    return tuple(sorted(lengths))
+
 DEFAULT_CONTEXT_REQUESTS = 8
 #: Batch sizes crossed with context lengths: a decode step's cost depends on both (the
 #: sequences that share it and the KV tokens they attend to; docs/fidelity.md).

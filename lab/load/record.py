@@ -68,7 +68,13 @@ class RequestRecord:
     chunks: int = 0
     tokens_per_chunk: float | None = None
     chunk_times_ns: list[int] = field(default_factory=list)
-    first_ns: int | None = None
+    first_ns: int | None = None  # the first content chunk of any kind (TTFT)
+    #: the first chunk carrying reasoning (delta.reasoning_content / delta.reasoning; TTFR)
+    first_reasoning_ns: int | None = None
+    #: the first chunk carrying answer output (TTFO); first_ns when nothing was reasoning
+    first_answer_ns: int | None = None
+    #: content chunks carrying reasoning only (the answer's: chunks - reasoning_chunks)
+    reasoning_chunks: int = 0
     end_ns: int | None = None
     done_ns: int | None = None
     ok: bool = False

@@ -9,8 +9,14 @@ one read share that read's stamp) and parses them (orjson), so the hot path per 
 clock read and one append.
 
 A chunk counts as a token chunk only if it carries content: non-empty `text` (completions),
-non-empty `delta.content` (chat), or non-empty `token_ids`. Role-only and usage-only chunks
-are not tokens. A chunk may carry several tokens' text (a streaming detokenizer holds back a
+non-empty `delta.content` (chat), non-empty `token_ids`, or a reasoning model's thinking:
+non-empty `delta.reasoning_content` (vLLM, SGLang, the lab frontend) or `delta.reasoning`
+(newer servers). Role-only and usage-only chunks are not tokens. The first chunk of any kind
+is the TTFT stamp (`first_ns`, as AIPerf's TTFT); the first chunk with reasoning and the first
+with answer text are stamped apart (`first_reasoning_ns`, `first_answer_ns`: TTFO), and the
+chunks with reasoning only are counted (`reasoning_chunks`). A reasoning chunk has no
+`delta.content`, so it takes the parser's slower path and the answer events' fast path is
+unchanged. A chunk may carry several tokens' text (a streaming detokenizer holds back a
 token ending inside a UTF-8 character and sends it with the next one), so output tokens come
 from the server's usage when it has one, and tokens per chunk is usage tokens / content chunks;
 only without usage are output tokens the chunk count (`output_tokens_source` "chunks", a lower
@@ -129,28 +135,50 @@ def _text(choice: dict) -> str:
     return str(part.get("content") or "")
 
 
-def _content(choice: dict) -> bool:
+#: what `_content` finds in a choice: answer output, reasoning, or both (bits)
+ANSWER = 1
+REASONING = 2
+
+
+def _content(choice: dict) -> int:
+    """ANSWER | REASONING bits of a choice (0 = no output: role-only, usage-only, empty)."""
     text = choice.get("text")
     if text:
-        return True
-    delta = choice.get("delta")
-    if delta and (delta.get("content") or delta.get("token_ids")):
-        return True
-    return bool(choice.get("token_ids"))
+        return ANSWER
+    part = choice.get("delta") or choice.get("message")
+    if part:
+        kind = ANSWER if part.get("content") or part.get("token_ids") else 0
+        if part.get("reasoning_content") or part.get("reasoning"):
+            kind |= REASONING
+        if kind:
+            return kind
+    return ANSWER if choice.get("token_ids") else 0
 
 
 class _Parse:
     """What parsing one response gathers beside the record's own fields."""
 
-    __slots__ = ("text", "usage")
+    __slots__ = ("first_reasoning_ns", "reasoning_only", "text", "usage")
 
     def __init__(self, keep_text: bool) -> None:
         self.usage: dict | None = None
         self.text: list[str] | None = [] if keep_text else None
+        self.first_reasoning_ns: int | None = None
+        #: indices (into the content chunks) of the chunks with reasoning and no answer
+        self.reasoning_only: list[int] = []
+
+    def content(self, kind: int, t: int, chunk_times: list[int]) -> None:
+        """Record a content chunk of `kind` (ANSWER | REASONING bits) that arrived at `t`."""
+        if kind & REASONING:
+            if self.first_reasoning_ns is None:
+                self.first_reasoning_ns = t
+            if not kind & ANSWER:
+                self.reasoning_only.append(len(chunk_times))
+        chunk_times.append(t)
 
 
-def _absorb(obj: dict, out: RequestRecord, state: _Parse) -> bool:
-    """Fold one parsed chunk into `out`; return True if it carries content."""
+def _absorb(obj: dict, out: RequestRecord, state: _Parse) -> int:
+    """Fold one parsed chunk into `out`; return what output it carries (`_content`'s bits)."""
     if out.response_id is None and obj.get("id"):
         out.response_id = obj["id"]
     err = obj.get("error")
@@ -158,11 +186,12 @@ def _absorb(obj: dict, out: RequestRecord, state: _Parse) -> bool:
         out.error_kind = "stream_error"
         out.error_message = (error_message_from_body(orjson.dumps({"error": err}))
                              if isinstance(err, dict) else str(err))
-    has_content = False
+    has_content = 0
     for choice in obj.get("choices") or ():
-        if _content(choice):
-            has_content = True
-            if state.text is not None:
+        kind = _content(choice)
+        if kind:
+            has_content |= kind
+            if kind & ANSWER and state.text is not None:
                 state.text.append(_text(choice))
         if choice.get("finish_reason"):
             out.finish_reason = choice["finish_reason"]
@@ -242,8 +271,8 @@ def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
                                     c.get("text") or (c.get("delta") or _EMPTY).get("content")):
                                 chunk_times.append(t)
                                 continue
-                        if _absorb(obj, out, state):
-                            chunk_times.append(t)
+                        if kind := _absorb(obj, out, state):
+                            state.content(kind, t, chunk_times)
                         continue
                 is_error_event = False
                 for line in ev.split(b"\n"):
@@ -266,8 +295,8 @@ def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
                             continue
                         if is_error_event and "error" not in obj:
                             obj = {"error": obj}
-                        if _absorb(obj, out, state):
-                            chunk_times.append(t)
+                        if kind := _absorb(obj, out, state):
+                            state.content(kind, t, chunk_times)
                     elif line.startswith(b"event:") and b"error" in line:
                         is_error_event = True
             except _SHAPE_ERRORS as exc:
@@ -284,8 +313,9 @@ def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
             out.error_kind = "protocol"
             out.error_message = "unparsable JSON response"
         try:
-            if isinstance(obj, dict) and _absorb(obj, out, state) and raw.done_ns is not None:
-                chunk_times.append(raw.done_ns)
+            kind = _absorb(obj, out, state) if isinstance(obj, dict) else 0
+            if kind and raw.done_ns is not None:
+                state.content(kind, raw.done_ns, chunk_times)
         except _SHAPE_ERRORS as exc:
             _malformed(out, raw.body, exc)
     elif raw.status is not None and raw.status != 200 and out.error_kind is None:
@@ -312,6 +342,14 @@ def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
     out.chunk_times_ns = chunk_times
     out.first_ns = chunk_times[0] if chunk_times else None
     out.end_ns = chunk_times[-1] if chunk_times else None
+    out.first_reasoning_ns = state.first_reasoning_ns
+    out.reasoning_chunks = len(state.reasoning_only)
+    if state.reasoning_only:  # the first chunk that is not reasoning only
+        only = set(state.reasoning_only)
+        out.first_answer_ns = next(
+            (t for i, t in enumerate(chunk_times) if i not in only), None)
+    else:
+        out.first_answer_ns = out.first_ns
     out.done_ns = raw.done_ns
     out.ok = out.error_kind is None
     if state.text is not None:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lab.analysis import catalogue as cat
 from lab.analysis.levels import level_label
 from lab.analysis.stats import describe, measured
 
@@ -74,27 +75,22 @@ def open_loop_figures(df: pd.DataFrame) -> dict[str, Any]:
     reference = schedule or rate
     row: dict[str, Any] = {
         "rate": rate,
-        "schedule_req_s": schedule,
-        "sent_req_s": sent,
-        "completed_req_s": completed,
-        "sent_fraction": sent / reference if sent and reference else None,
-        "dispatch_lag_ms_p50": lag["p50"],
-        "dispatch_lag_ms_p99": lag["p99"],
-        "dispatch_lag_ms_max": lag["max"],
-        "held": int((held > 0).sum()),
-        "held_ms_p99": held_stats["p99"],
-        "held_ms_max": held_stats["max"],
-        "latency_growth_first_ms": first,
-        "latency_growth_last_ms": last,
+        cat.SCHEDULE_REQ_S.name: schedule,
+        cat.SENT_REQ_S.name: sent,
+        cat.COMPLETED_REQ_S.name: completed,
+        cat.SENT_FRACTION.name: sent / reference if sent and reference else None,
+        **cat.DISPATCH_LAG.values(lag),
+        cat.HELD.name: int((held > 0).sum()),
+        **cat.HELD_MS.values(held_stats),
+        cat.GROWTH_FIRST.name: first,
+        cat.GROWTH_LAST.name: last,
         # 1 or 0, so that the mean over repeats is the fraction of repeats that sustained it
-        "sustained": int(bool(completed is not None and reference
-                              and completed >= SUSTAIN_FRACTION * reference and not growing
-                              and len(ok) == len(m))),
+        cat.SUSTAINED.name: int(bool(completed is not None and reference
+                                     and completed >= SUSTAIN_FRACTION * reference
+                                     and not growing and len(ok) == len(m))),
     }
-    for name in ("ttft_intended_ms", "latency_intended_ms"):
-        stats = describe(ok[name])
-        for k in ("avg", "p50", "p90", "p99", "max"):
-            row[f"{name}_{k}"] = stats[k]
+    for figure in (cat.TTFT_INTENDED, cat.LATENCY_INTENDED):  # per-request columns of that name
+        row.update(figure.values(describe(ok[figure.name])))
     return row
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab.analysis import catalogue as cat
 from lab.analysis import rundir
 from lab.analysis.checks import TokenCheck, failed_levels, token_check
 from lab.analysis.faults import FaultAnalysis, analyse_faults
@@ -45,15 +46,17 @@ class RunAnalysis:
 
 
 def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
-    if table.empty or not {"req_s", "latency_ms_avg"} <= set(table.columns):
+    """The knee of a by_concurrency table, from its request throughput and mean latency."""
+    req_s, latency = cat.REQ_S.name, cat.LATENCY.col("avg").name
+    if table.empty or not {req_s, latency} <= set(table.columns):
         return find_knee([], [], [], threshold)
-    t = table.dropna(subset=["req_s", "latency_ms_avg"])
+    t = table.dropna(subset=[req_s, latency])
     repeats = int(t["repeats"].min()) if "repeats" in t and len(t) else 1
     spread = None
     if repeats > 1 and {"req_s_min", "req_s_max"} <= set(t.columns):
-        spread = float((100 * (t["req_s_max"] - t["req_s_min"]) / t["req_s"]).max())
-    return find_knee(list(t["concurrency"]), list(t["req_s"]), list(t["latency_ms_avg"]),
-                     threshold, repeats=repeats, spread_pct=spread)
+        spread = float((100 * (t["req_s_max"] - t["req_s_min"]) / t[req_s]).max())
+    return find_knee(list(t["concurrency"]), list(t[req_s]), list(t[latency]), threshold,
+                     repeats=repeats, spread_pct=spread)
 
 
 def stream_interval_of(config: dict) -> int | None:
@@ -255,10 +258,11 @@ def summary_lines(analysis: RunAnalysis) -> list[str]:
     out = [] if is_open_loop(t) else [analysis.knee.sentence()]
     out.append(delivery_sentence(t, stream_interval_of(analysis.config)))
     if not t.empty:
-        best = t.loc[t["req_s"].idxmax()] if t["req_s"].notna().any() else None
+        req_s, out_tok_s = cat.REQ_S.name, cat.OUT_TOK_S.name
+        best = t.loc[t[req_s].idxmax()] if t[req_s].notna().any() else None
         if best is not None:
-            out.append(f"peak throughput {fnum(best['req_s'])} req/s "
-                       f"({fnum(best['out_tok_s'], 0)} out tok/s) at {level_label(best)}")
+            out.append(f"peak throughput {fnum(best[req_s])} req/s "
+                       f"({fnum(best[out_tok_s], 0)} out tok/s) at {level_label(best)}")
     if is_open_loop(t):
         out += [schedule_sentence(t), sustained_sentence(t)]
     if analysis.timeline_note:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab.analysis import catalogue as cat
 from lab.analysis import rundir
 from lab.analysis.compare import (
     RunData,
@@ -27,8 +28,9 @@ from lab.report.shape_check import check_shapes
 
 #: The metrics the terminal's comparison table shows, each with its delta: what a person reads
 #: first. compare.md, compare.html and compare.csv have all of them.
-TERMINAL_METRICS = ("req_s", "ttft_ms_p50", "latency_ms_p99", "itl_ms_avg",
-                    "server_cpu_us_per_token")
+TERMINAL_METRICS = tuple(c.name for c in (
+    cat.REQ_S.col(), cat.TTFT.col("p50"), cat.LATENCY.col("p99"), cat.ITL.col("avg"),
+    cat.SERVER_CPU_US_PER_TOKEN.col()))
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab.shared.config_cli import MAX_SECONDS, Settings, setting
+from lab.shared.reasoning import REASONING_PARSERS
 from lab.shared.settings import (
     DEFAULT_LOG_LEVEL,
     DEFAULT_MIGRATION_LIMIT,
@@ -111,6 +112,12 @@ class FrontendSettings(Settings):
         "access): prompts are encoded and output decoded with it (add_special_tokens=False). "
         "Default: the word tokenizer (one token per whitespace-separated word).",
         parse=existing_path, metavar="PATH")
+    reasoning_parser: str = setting(
+        "", "Split a chat answer at the think-end token (</think>): tokens before it stream as "
+        "delta.reasoning_content, after it as delta.content, as vLLM's --reasoning-parser does "
+        "(docs/mocker.md \"Reasoning spans\"). The launcher sets it when the engine args give a "
+        "reasoning span. Default: none (every token is content).",
+        choices=("", *REASONING_PARSERS), default_text="none")
     model_name: str = setting(
         DEFAULT_MODEL, "Model name served (requests for other names get 404 unless a worker "
         "registered that model).")

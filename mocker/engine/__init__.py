@@ -10,7 +10,7 @@ step per token): it is the fastest form of `deterministic_token_id` and the hot 
 once per token.
 """
 
-from .config import EngineArgs
+from .config import EngineArgs, reasoning_span
 from .scheduler import Burst, EngineMetrics, EngineRequest, PassResult, Scheduler, Signal
 from .sim import run_until_idle
 from .timing import kv_transfer_ms
@@ -22,6 +22,7 @@ from .tokens import (
     synthetic_logprob,
     token_deriver,
     token_text,
+    with_reasoning_span,
 )
 
 __all__ = [
@@ -36,9 +37,11 @@ __all__ = [
     "allowed_token_ids",
     "deterministic_token_id",
     "kv_transfer_ms",
+    "reasoning_span",
     "run_until_idle",
     "stable_request_uuid",
     "synthetic_logprob",
     "token_deriver",
     "token_text",
+    "with_reasoning_span",
 ]

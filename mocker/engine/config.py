@@ -68,6 +68,10 @@ class EngineArgs:
     timing: dict[str, Any] = field(default_factory=_default_timing)
     #: None = the engine type's default (trtllm true, vllm false)
     first_token_decode: bool | None = None
+    #: a reasoning span before the answer (docs/mocker.md "Reasoning spans"): this many output
+    #: tokens, or this share of each request's output budget, then the think-end marker; 0 = none
+    reasoning_tokens: int = 0
+    reasoning_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_size == 0 and self.engine_type in DEFAULT_BLOCK_SIZE:
@@ -138,7 +142,26 @@ def _validate(a: EngineArgs) -> None:
         v = getattr(a, name)
         if not _is_num(v) or v < 0:
             raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if not _is_int(a.reasoning_tokens) or a.reasoning_tokens < 0:
+        raise ValueError(f"reasoning_tokens must be an integer >= 0, got {a.reasoning_tokens!r}")
+    if not _is_num(a.reasoning_share) or not 0 <= a.reasoning_share < 1:
+        raise ValueError(f"reasoning_share must be a number in [0, 1), got {a.reasoning_share!r}")
+    if a.reasoning_tokens and a.reasoning_share:
+        raise ValueError("give reasoning_tokens or reasoning_share, not both")
     _validate_timing(a.timing)
+
+
+def reasoning_span(args: EngineArgs, max_tokens: int) -> int:
+    """The reasoning tokens a request of `max_tokens` output tokens emits before the think-end
+    marker: `reasoning_tokens`, or `reasoning_share` of the budget (at least 1 when a share is
+    given, so a prefill leg, which emits position 0 only, agrees with its decode leg); 0 = no
+    span and no marker. A span as long as the budget leaves no room for the marker: the
+    request is all reasoning, as a real model cut off by max_tokens."""
+    if args.reasoning_tokens:
+        return min(args.reasoning_tokens, max_tokens)
+    if args.reasoning_share:
+        return min(max(1, round(args.reasoning_share * max_tokens)), max_tokens)
+    return 0
 
 
 def _validate_timing(t: Any) -> None:

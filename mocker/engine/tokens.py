@@ -120,3 +120,26 @@ def synthetic_logprob(token_id: int) -> float:
 def token_text(token_id: int) -> str:
     """The reference's token text `<token:ID>`."""
     return f"<token:{token_id}>"
+
+
+def with_reasoning_span(token_at: Callable[[int], int], span: int, marker: int
+                        ) -> Callable[[int], int]:
+    """`token_at` with the think-end `marker` at position `span`: positions before it are the
+    reasoning span, after it the answer (docs/mocker.md "Reasoning spans"). Used only for a
+    request with a span, so a request without one keeps the plain deriver's per-token cost.
+    Keeps the `many` attribute of a `token_deriver`."""
+    base_many = getattr(token_at, "many", None)
+
+    def at(position: int) -> int:
+        return marker if position == span else token_at(position)
+
+    def many(first: int, count: int) -> list[int]:
+        out = (base_many(first, count) if base_many is not None
+               else [token_at(p) for p in range(first, first + count)])
+        if first <= span < first + count:
+            out = list(out)
+            out[span - first] = marker
+        return out
+
+    at.many = many  # type: ignore[attr-defined]
+    return at

@@ -13,6 +13,7 @@ from typing import Any
 
 from lab.shared.engine_settings import EngineSettings
 from lab.shared.json_arg import read_json_object
+from lab.shared.reasoning import think_end_id
 from mocker.engine import EngineArgs
 
 from .vocab import allowed_ids
@@ -74,6 +75,9 @@ class ServerConfig:
     instance_id: str
     #: The ids the engine emits (the token deriver's table), from --tokenizer / --vocab-size.
     allowed_ids: Sequence[int]
+    #: The think-end marker a reasoning span ends with (docs/mocker.md "Reasoning spans"), from
+    #: the tokenizer; None when the engine args configure no span.
+    think_end: int | None = None
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> ServerConfig:
@@ -91,5 +95,16 @@ class ServerConfig:
             ids = allowed_ids(settings.tokenizer or "", settings.vocab_size or 0)
         except ValueError as exc:
             raise SettingError("--tokenizer", str(exc)) from None
+        think_end = None
+        if engine.reasoning_tokens or engine.reasoning_share:
+            if settings.vocab_size:
+                raise SettingError("--vocab-size", "a reasoning span needs the default "
+                                   "vocabulary or --tokenizer (its </think> token ends the span)")
+            try:
+                think_end = think_end_id(settings.tokenizer)
+            except ValueError as exc:
+                raise SettingError("--tokenizer", str(exc)) from None
+            # the marker is emitted only where the span ends, never drawn
+            ids = [i for i in ids if i != think_end] if think_end in ids else ids
         instance_id = settings.instance_id or default_instance_id(settings.role)
-        return cls(settings, engine, instance_id, ids)
+        return cls(settings, engine, instance_id, ids, think_end)

@@ -8,6 +8,7 @@ from importlib import metadata
 
 import grpc
 
+from lab.shared.reasoning import REASONING_PARSERS
 from lab.wire import constants as wc
 
 from .config import (
@@ -119,6 +120,9 @@ class Control(openengine_pb2_grpc.ControlServicer):
             ),
             supports_lora=False,
             supports_multimodal=False,
+            # the parser that splits this engine's reasoning span (docs/mocker.md
+            # "Reasoning spans"); "" = no span
+            reasoning_parser=REASONING_PARSERS[0] if cfg.think_end is not None else "",
         )
 
     async def GetLoad(self, request, context):

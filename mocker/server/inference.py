@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from mocker.engine import EngineRequest, kv_transfer_ms, synthetic_logprob, token_deriver
+from mocker.engine import (
+    EngineRequest,
+    kv_transfer_ms,
+    reasoning_span,
+    synthetic_logprob,
+    token_deriver,
+    with_reasoning_span,
+)
 
 from .errors import RequestRefused
 from .fastwire import response_prefix, single_token_event, token_event
@@ -137,6 +145,18 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                                 message=_internal_error_message(exit_, live), retryable=False)
         return GenerateResponse(request_id=rid, error=error)
 
+    def _token_at(self, rid: str, max_tokens: int) -> Callable[[int], int]:
+        """The request's `position -> token id`: the seeded deriver, with the think-end marker
+        after the reasoning span when the engine args configure one (docs/mocker.md
+        "Reasoning spans"; a prefill leg's budget of 1 makes position 0 reasoning, as its
+        decode leg's span does)."""
+        cfg = self._st.cfg
+        token_at = token_deriver(cfg.settings.seed, rid, cfg.allowed_ids)
+        if cfg.think_end is None:
+            return token_at
+        span = reasoning_span(cfg.engine, max_tokens)
+        return with_reasoning_span(token_at, span, cfg.think_end) if span < max_tokens else token_at
+
     def _admit(
         self, request: generation_pb2.GenerateRequest
     ) -> tuple[LiveRequest, Prepared, float]:
@@ -182,7 +202,7 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
                     key=live.key,
                     prompt=prep.prompt,
                     max_output_tokens=prep.max_tokens,
-                    token_at=token_deriver(st.cfg.settings.seed, rid, st.cfg.allowed_ids),
+                    token_at=self._token_at(rid, prep.max_tokens),
                     **resume,
                 ),
             )

@@ -63,7 +63,7 @@ def test_the_whole_machines_cpu_per_token_is_compared() -> None:
     assert aligned["total_cpu_us_per_token|dynamo|delta_pct"].tolist() == pytest.approx([5.6],
                                                                                      abs=0.1)
     header, rows = table_rows([a, b], aligned)
-    i = header.index("client CPU us/token (lab)")
-    assert rows[0][i:i + 3] == ["6.00", "8.00", "+33.3%"]
-    j = header.index("total CPU us/token (lab)")
-    assert rows[0][j:j + 3] == ["36.00", "38.00", "+5.6%"]
+    i = header.index("client CPU (us/token) (lab)")
+    assert rows[0][i:i + 3] == ["6.00", "8.00", "+33.3% worse"]
+    j = header.index("total CPU (us/token) (lab)")
+    assert rows[0][j:j + 3] == ["36.00", "38.00", "+5.6% worse"]

@@ -82,22 +82,23 @@ def _lab(args: list[str]) -> None:
                                    + (proc.stdout + proc.stderr)[-3000:])
 
 
-def _lab_common(target: str, model: str, tokenizer: Path, out: Path) -> list[str]:
+def _lab_common(target: str, model: str, tokenizer: Path, out: Path, osl: int = OSL) -> list[str]:
     return ["sweep", "--target", target, "--model", model, "--endpoint", "chat", "--isl",
-            str(ISL), "--osl", str(OSL), "--tokenizer", str(tokenizer), "--prompt-kind", "text",
+            str(ISL), "--osl", str(osl), "--tokenizer", str(tokenizer), "--prompt-kind", "text",
             "--out", str(out), "--quiet", "--no-plots"]
 
 
-def probe_throughput(target: str, model: str, tokenizer: Path, out: Path, requests: int) -> float:
+def probe_throughput(target: str, model: str, tokenizer: Path, out: Path, requests: int,
+                     osl: int = OSL) -> float:
     """req/s of one closed-loop lab level at c=PROBE_CONCURRENCY."""
-    _lab([*_lab_common(target, model, tokenizer, out), "--conc", str(PROBE_CONCURRENCY),
+    _lab([*_lab_common(target, model, tokenizer, out, osl), "--conc", str(PROBE_CONCURRENCY),
           "--requests", str(requests)])
     return float(pd.read_csv(out / "levels.csv")["req_s"].iloc[0])
 
 
 def run_lab(target: str, model: str, tokenizer: Path, out: Path, rate: float, requests: int,
-            cap: int, seed: int) -> dict:
-    _lab([*_lab_common(target, model, tokenizer, out), "--rate", f"{rate:g}", "--arrival",
+            cap: int, seed: int, osl: int = OSL) -> dict:
+    _lab([*_lab_common(target, model, tokenizer, out, osl), "--rate", f"{rate:g}", "--arrival",
           "poisson", "--requests", str(requests), "--warmup", str(cap), "--max-concurrency",
           str(cap), "--seed", str(seed)])
     row = pd.read_csv(out / "levels.csv").iloc[0]
@@ -106,17 +107,44 @@ def run_lab(target: str, model: str, tokenizer: Path, out: Path, rate: float, re
     req = req[~req["warmup"]]
     window_s = (req["done_ns"].max() - req["sent_ns"].min()) / 1e9
     return {"achieved": float(req["ok"].sum() / window_s), "sent": float(row["sent_req_s"]),
+            "completed": float(row["completed_req_s"]),
             "ttft_p50": float(row["ttft_ms_p50"]), "cpu_ms": float(row["client_cpu_ms_per_req"]),
             "errors": int(row.get("failed", 0) or 0)}
 
 
+def _aiperf_own_rates(out: Path) -> tuple[float, float]:
+    """AIPerf's issued and sent rates, (n - 1) / span, over its profiling records
+    (profile_export.jsonl, written at --export-level records): the timing manager's credit
+    issue stamps and the worker's request start stamps, as the lab's schedule and sent rates."""
+    issued, started = [], []
+    path = out / "profile_export.jsonl"
+    if not path.exists():
+        return float("nan"), float("nan")
+    for line in path.read_text().splitlines():
+        meta = json.loads(line).get("metadata") or {}
+        if str(meta.get("benchmark_phase", "")).lower() != "profiling":
+            continue
+        if meta.get("credit_issued_ns"):
+            issued.append(int(meta["credit_issued_ns"]))
+        started.append(int(meta["request_start_ns"]))
+
+    def rate(ns: list[int]) -> float:
+        return (len(ns) - 1) / ((max(ns) - min(ns)) / 1e9) if len(ns) > 1 else float("nan")
+    return rate(issued), rate(started)
+
+
 def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Path,
-               rate: float, requests: int, cap: int) -> dict:
-    # the client's CPU is what is compared; aiperf.sh finds its venv through ANCHOR_DIR
-    env = {**os.environ, "SERVER_PIDS": "", "ANCHOR_DIR": str(anchor_dir)}
+               rate: float, requests: int, cap: int, osl: int = OSL,
+               records: bool = False) -> dict:
+    # the client's CPU is what is compared; aiperf.sh finds its venv through ANCHOR_DIR;
+    # OSL: aiperf.sh's --osl and min_tokens (ISL stays the anchors' 136)
+    env = {**os.environ, "SERVER_PIDS": "", "ANCHOR_DIR": str(anchor_dir), "OSL": str(osl)}
+    lean = list(AIPERF_LEAN_ARGS)
+    if records:  # per-request records, to see whether AIPerf kept its schedule (~5% more CPU)
+        lean[lean.index("summary")] = "records"
     proc = subprocess.run(
         [str(anchors / "aiperf.sh"), target, model, str(cap), str(requests), str(out),
-         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", *AIPERF_LEAN_ARGS],
+         "--request-rate", f"{rate:g}", "--arrival-pattern", "poisson", *lean],
         capture_output=True, text=True, env=env)
     summary = out / "summary.json"
     if not summary.exists():
@@ -125,13 +153,28 @@ def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Pa
     s = json.loads(summary.read_text())
     req_s = s.get("req_s") or 0.0
     cpu = s.get("client_cpu_pct")
-    return {"achieved": float(req_s), "sent": float("nan"), "ttft_p50": float(s["ttft_p50_ms"]),
+    # The lab's window on AIPerf's own stamps: completed profiling requests over its
+    # benchmark_duration (first request's send -> last response's end). AIPerf's own
+    # request_throughput divides by its phase window instead (phase start -> last credit
+    # returned to the timing manager), which also holds the first inter-arrival gap and the
+    # worker -> timing-manager return hop.
+    duration = s.get("duration_s") or 0.0
+    window = s.get("completed", 0) / duration if duration else float("nan")
+    issued, sent = _aiperf_own_rates(out) if records else (float("nan"), float("nan"))
+    return {"achieved": float(window), "aiperf_req_s": float(req_s), "issued": issued,
+            "sent": sent, "ttft_p50": float(s["ttft_p50_ms"]),
             "cpu_ms": 10.0 * cpu / req_s if cpu is not None and req_s else float("nan"),
             "errors": int(s.get("errors") or 0)}
 
 
 def _row(rate: float, tool: str, r: dict) -> str:
     sent = "" if pd.isna(r["sent"]) else f" (sent {r['sent']:7.1f})"
+    if not pd.isna(r.get("issued", float("nan"))):
+        sent += f" (issued {r['issued']:7.1f})"
+    if "aiperf_req_s" in r:
+        sent += f" (its request_throughput {r['aiperf_req_s']:7.1f})"
+    if "completed" in r:
+        sent += f" (completions' own rate {r['completed']:7.1f})"
     return (f"rate={rate:<7g} {tool:6s} achieved {r['achieved']:7.1f} req/s{sent:16s} "
             f"TTFT p50 {r['ttft_p50']:8.2f} ms  client CPU {r['cpu_ms']:6.3f} ms/req  "
             f"errors {r['errors']}")
@@ -158,10 +201,15 @@ def _row(rate: float, tool: str, r: dict) -> str:
               show_default=True, help="ANCHOR_DIR: its model/ is the tokenizer of both tools.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="A new directory for the runs (lab-R/, aiperf-R/ per rate).")
+@click.option("--osl", type=click.IntRange(min=1, max=8192), default=OSL, show_default=True,
+              help="Output tokens per request (both tools; ignore_eos + min_tokens).")
+@click.option("--aiperf-records", is_flag=True,
+              help="AIPerf writes per-request records: print its issued and sent rates.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1), default=42,
               show_default=True, help="The lab's schedule seed (AIPerf's is aiperf.sh's 42).")
 def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int, cap: int,
-         anchors: Path, anchor_dir: Path, out: Path, seed: int) -> None:
+         anchors: Path, anchor_dir: Path, out: Path, osl: int, aiperf_records: bool,
+         seed: int) -> None:
     """Print, per rate, the lab's and AIPerf's achieved rate, TTFT p50 and client CPU/request."""
     tokenizer = anchor_dir / "model"
     if not (tokenizer / "tokenizer.json").exists():
@@ -173,12 +221,12 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
         raise click.BadParameter(f"{out} is not empty", param_hint="'--out'")
     out.mkdir(parents=True, exist_ok=True)
     if rates is None:
-        x = probe_throughput(target, model, tokenizer, out / "probe-c32", requests)
+        x = probe_throughput(target, model, tokenizer, out / "probe-c32", requests, osl)
         rates = tuple(round(f * x) for f in AROUND_SATURATION)
         click.echo(f"closed loop c={PROBE_CONCURRENCY}: {x:.1f} req/s; rates "
                    + ", ".join(f"{r:g}" for r in rates))
     click.echo(f"lab vs AIPerf against {target} ({model}): Poisson arrivals, {requests} requests "
-               f"per run, warm-up {cap}, at most {cap} in flight, ISL {ISL} / OSL {OSL} chat")
+               f"per run, warm-up {cap}, at most {cap} in flight, ISL {ISL} / OSL {osl} chat")
     for k, rate in enumerate(rates):
         order = ("lab", "aiperf") if k % 2 == 0 else ("aiperf", "lab")
         results = {}
@@ -186,10 +234,10 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
             run_dir = out / f"{tool}-{rate:g}"
             if tool == "lab":
                 results[tool] = run_lab(target, model, tokenizer, run_dir, rate, requests, cap,
-                                        seed)
+                                        seed, osl)
             else:
                 results[tool] = run_aiperf(anchors, anchor_dir, target, model, run_dir, rate,
-                                           requests, cap)
+                                           requests, cap, osl, aiperf_records)
         lab, ai = results["lab"], results["aiperf"]
         for tool in ("lab", "aiperf"):
             click.echo(_row(rate, tool, results[tool]))

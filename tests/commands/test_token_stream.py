@@ -56,13 +56,13 @@ def test_every_request_gets_one_event_per_token_at_c32(tmp_path: Path, speedup: 
     assert levels["server_cpu_us_per_token"].notna().all()
     assert np.isclose(levels["server_cpu_us_per_token"].iloc[0] * OSL / 1000,
                       levels["server_cpu_ms_per_req"].iloc[0], rtol=0.01)
-    assert "CPU us/tok" in out
+    assert "server CPU (us/token)" in out
     # and the whole machine's: the client's CPU per output token, and server + client
     client_us = levels["client_cpu_us_per_token"].iloc[0]
     assert client_us > 0
     assert np.isclose(levels["total_cpu_us_per_token"].iloc[0],
                       levels["server_cpu_us_per_token"].iloc[0] + client_us)
-    assert "client CPU us/tok" in out and "total CPU us/tok" in out
+    assert "client CPU (us/token)" in out and "total CPU (us/token)" in out
     assert "every event carried one engine step's tokens" in out
 
 

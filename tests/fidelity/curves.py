@@ -59,12 +59,15 @@ def write_true_engine(dir_: Path, floor: bool = False) -> Path:
 TRUE_LINEAR = {"pass_ms": 10.0, "token_ms": 0.25, "seq_ms": 0.6, "kv_token_ms": 0.0012,
                "attention_mpair_ms": 200.0, "request_ms": TRUE_REQUEST_MS,
                "request_token_ms": 0.0}
+#: its pass token budget (vLLM's on CPU): a full pass costs about 0.6 s, under the sidecar's
+#: stall watch (2 s without a token while requests are in flight)
+LINEAR_BUDGET = 2048
 
 
 def write_linear_engine(dir_: Path) -> Path:
     """engine-args.json of a target whose engine runs the `linear` model on TRUE_LINEAR."""
     dir_.mkdir(parents=True, exist_ok=True)
     args = dir_ / "true-linear-engine-args.json"
-    args.write_text(json.dumps({"engine_type": "vllm", "timing": {"type": "linear",
-                                                                   **TRUE_LINEAR}}))
+    args.write_text(json.dumps({"engine_type": "vllm", "max_num_batched_tokens": LINEAR_BUDGET,
+                                "timing": {"type": "linear", **TRUE_LINEAR}}))
     return args

@@ -11,10 +11,12 @@ import pytest
 from lab.fidelity import fit as fit_module
 from lab.fidelity.fit import choose_request_mode, engine_args, fit_profile, path_at
 from lab.fidelity.probes import (
+    DEFAULT_CONTEXT_ISL,
     Probe,
     ProbeResult,
     ProbeSet,
     decode_step_ms,
+    default_context_isl,
     prefill_gap_ms,
 )
 from mocker.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -85,15 +87,19 @@ def test_lab_path_is_interpolated_between_lengths() -> None:
 def test_probe_set_gives_each_probe_its_own_seed() -> None:
     probes = ProbeSet().probes()
     assert len({p.seed for p in probes}) == len(probes)
-    assert [p.kind for p in probes].count("context") == 5
+    assert [p.kind for p in probes].count("context") == len(DEFAULT_CONTEXT_ISL)
 
 
 def test_the_default_prefill_probes_reach_a_pass_budget() -> None:
     """A pass prefills up to the engine's token budget; a profile that stops short of it is
     extrapolated linearly there, while prefill grows faster (Dynamo's polynomial: 7% low at
-    8192 from knots up to 4096, and ISL 1024 at c=32 / 128 ran 4.6% / 6.5% fast)."""
-    lengths = {p.isl for p in ProbeSet().probes() if p.kind in ("context", "overlap")}
+    8192 from knots up to 4096, and ISL 1024 at c=32 / 128 ran 4.6% / 6.5% fast). A smaller
+    budget (vLLM's 2048 on CPU) is filled twice by the longest default length; a context length
+    too short for the budget's prompt leaves it out."""
+    lengths = default_context_isl(DEFAULT_MAX_NUM_BATCHED_TOKENS, None)
     assert max(lengths) >= DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert max(default_context_isl(2048, 8192)) >= 2 * 2048
+    assert max(default_context_isl(8192, 8192)) < 8192
 
 
 def test_a_fit_short_of_the_pass_budget_says_so() -> None:

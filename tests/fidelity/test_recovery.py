@@ -21,6 +21,7 @@ from mocker.engine.config import LINEAR_TERMS
 from mocker.engine.timing import LinearPass, prefill_pairs
 from tests.fidelity.conftest import lab
 from tests.fidelity.curves import (
+    LINEAR_BUDGET,
     TRUE_FLOOR_MS,
     TRUE_LINEAR,
     TRUE_REQUEST_MS,
@@ -131,10 +132,11 @@ def test_calibrate_finds_a_first_token_floor(floor_target: str, tmp_path: Path) 
 #: pass shapes the linear fit must price within TOLERANCE: (prefill tokens, sequences, decode
 #: sequences, decode KV tokens): prompts alone, and decode steps of 1 to 32 sequences
 PASSES = [(128, 1, 0, 0), (512, 1, 0, 0), (1024, 1, 0, 0), (0, 1, 1, 100), (0, 8, 8, 700),
-          (0, 32, 32, 2600), (0, 32, 32, 17_000)]
+          (0, 32, 32, 2600), (0, 32, 32, 8000)]
 LINEAR_PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024",
                  "--context-osl", "8", "--context-requests", "7", "--batch-conc", "1,8,32",
-                 "--batch-isl", "64,512", "--batch-osl", "32", "--batch-rounds", "1",
+                 "--batch-isl", "64,256", "--batch-osl", "32", "--batch-rounds", "1",
+                 "--max-num-batched-tokens", str(LINEAR_BUDGET),
                  "--prefix-isl", "0", "--overlap-osl", "24", "--overlap-requests", "12",
                  "--no-plots", "--in-process-client")
 

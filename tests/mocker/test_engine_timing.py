@@ -122,3 +122,60 @@ def test_pass_duration_sums_prefill_and_decode_of_the_batch() -> None:
     want = polynomial_prefill_ms(300) / 4 + polynomial_decode_ms((101 + 300) / CAP) / 4
     assert res.duration_ms == pytest.approx(want)
     assert (res.batch_size, res.prefill_tokens, res.decode_requests) == (2, 300, 2)
+
+
+LINEAR = {"type": "linear", "pass_ms": 5.0, "token_ms": 0.1, "seq_ms": 0.3, "kv_token_ms": 0.001,
+          "attention_mpair_ms": 100.0, "request_ms": 2.0, "request_token_ms": 0.01}
+
+
+def test_linear_model_charges_a_mixed_pass_once_for_what_is_in_it() -> None:
+    """One pass constant for a pass that decodes one request and prefills a chunk of another
+    (the polynomial charges a prefill and a decode constant both), plus its tokens, sequences,
+    the decode's KV and the chunk's attention pairs; speedup divides the whole pass."""
+    s = Scheduler(EngineArgs(engine_type="vllm", speedup_ratio=2.0, timing=LINEAR))
+    s.add(EngineRequest("a", list(range(100)), 50, lambda p: 1000))
+    first = s.step(0.0)
+    assert first.duration_ms == pytest.approx((5.0 + 0.1 * 100 + 0.3 + 100 * 100 * 50.5 / 1e6)
+                                              / 2)
+    s.add(EngineRequest("b", list(range(2000, 2300)), 50, lambda p: 1000))
+    res = s.step(10.0)
+    # a decodes (seq 101: one token attending to 101), b prefills 300 from scratch
+    pairs = 300 * (0 + 301 / 2)
+    want = 5.0 + 0.1 * (300 + 1) + 0.3 * 2 + 0.001 * 101 + 100.0 * pairs / 1e6
+    assert res.duration_ms == pytest.approx(want / 2)
+    assert s.timing.request_ms(300) == pytest.approx((2.0 + 0.01 * 300) / 2)
+
+
+def test_linear_model_chunk_attends_to_the_chunks_before_it() -> None:
+    """A prompt longer than the pass budget is prefilled in chunks; the second chunk's tokens
+    attend to the first's: more pairs than the first chunk's."""
+    s = Scheduler(EngineArgs(engine_type="vllm", max_num_batched_tokens=1000,
+                             timing={"type": "linear", "attention_mpair_ms": 1000.0}))
+    s.add(EngineRequest("a", list(range(2000)), 5, lambda p: 1000))
+    one, two = s.step(0.0), s.step(100.0)
+    assert one.duration_ms == pytest.approx(1000 * 500.5 / 1e3)
+    assert two.duration_ms == pytest.approx(1000 * (1000 + 500.5) / 1e3)
+
+
+def test_linear_fast_forward_prices_each_pass_by_its_sequences() -> None:
+    """The scheduler's fast-forward (plain decode passes) charges the same as `step` would."""
+    args = EngineArgs(engine_type="vllm", timing=LINEAR)
+    s = Scheduler(args)
+    for i in range(3):
+        s.add(EngineRequest(f"r{i}", list(range(i * 100, i * 100 + 64)), 40, lambda p: 7))
+    s.step(0.0)
+    s.step(100.0)  # every request has reported its first token
+    kv = 3 * 66  # each holds its 64 prompt tokens and 2 generated ones
+    burst = s.fast_forward(200.0, 10_000.0, 30)
+    assert burst.passes == 10
+    want = sum(5.0 + 0.4 * 3 + 0.001 * (kv + 3 * k) for k in range(10))
+    assert burst.simulated_ms == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("timing", "msg"), [
+    ({"type": "linear", "seq_ms": -1}, "timing.seq_ms must be a finite number >= 0"),
+    ({"type": "linear", "per_token": 1}, "unknown key timing.per_token"),
+])
+def test_bad_linear_timing_is_a_clear_error(timing: dict, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        EngineArgs(timing=timing)

@@ -108,7 +108,7 @@ def test_compare_aligns_open_loop_runs_by_rate(tmp_path: Path) -> None:
     b = _run_dir(tmp_path / "b", rows(20.0, 50, ttft_ms=20.0) + rows(40.0, 50, t0=20 * S))
     result = compare_runs([a, b], tmp_path / "cmp", make_plots=False)
     assert "| Rate |" in result.text and "| 20/s |" in result.text and "| 40/s |" in result.text
-    assert "TTFT p99 (intended) ms (a)" in result.text
+    assert "TTFT (intended) p99 (ms) (a)" in result.text
     aligned = pd.read_csv(tmp_path / "cmp" / "compare.csv")
     assert list(aligned["rate"]) == [20.0, 40.0]
     assert np.isclose(aligned.loc[0, "ttft_ms_p50|b|delta_pct"], 100.0)  # 10 ms -> 20 ms

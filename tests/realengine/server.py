@@ -143,7 +143,7 @@ def start(model_dir: Path, log_path: Path, *, venv: Path | None = None, kv_gib: 
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", "0",
             "--max-model-len", "8192", "--dtype", "bfloat16", "--max-num-seqs", "64",
-            "--disable-log-stats", *extra_args]
+            *extra_args]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), OMP_NUM_THREADS=str(threads),
                VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", PYTHONPATH="")

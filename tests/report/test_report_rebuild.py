@@ -113,11 +113,11 @@ def test_compare_prints_the_few_columns_a_person_reads(tmp_path: Path) -> None:
     header = next(line for line in result.output.splitlines() if line.startswith("| Conc"))
     names = [c.strip() for c in header.strip("|").split("|")]
     assert names == ["Conc"] + [f"{m} ({run})" if run else "Δ%"
-                                for m in ("req/s", "TTFT p50 ms", "latency p99 ms",
-                                          "ITL avg ms", "server CPU us/token")
+                                for m in ("req/s", "TTFT p50 (ms)", "latency p99 (ms)",
+                                          "ITL mean (ms)", "server CPU (us/token)")
                                 for run in ("aggregated", "disaggregated", None)]
     full = (tmp_path / "a" / "compare" / "compare.md").read_text()
-    assert "out tok/s (aggregated)" in full and "total CPU us/token (aggregated)" in full
+    assert "out tok/s (aggregated)" in full and "total CPU (us/token) (aggregated)" in full
     assert "compare.html" in result.output
 
 

@@ -46,11 +46,13 @@ from lab.serve.frontend.protocol import (
     parse_chat,
     parse_completion,
 )
+from lab.serve.frontend.reasoning import ReasoningDecoder, ReasoningEncoder, split_reasoning
 from lab.serve.frontend.trace import Trace
 from lab.serve.frontend.workers import AGGREGATED_ROLES, WorkerSet
 from lab.serve.frontend.writer import SseWriter, UnaryWriter
 from lab.serve.tokenizer import Tokenizer
 from lab.shared.frontend_settings import FrontendSettings
+from lab.shared.reasoning import think_end_id
 
 log = logging.getLogger("lab.frontend")
 
@@ -157,6 +159,8 @@ class FrontendApp:
         self.workers = workers
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
+        #: the think-end id a chat answer is split at (--reasoning-parser), None without one
+        self.think_end = think_end_id(config.tokenizer) if config.reasoning_parser else None
         self.metrics = metrics or FrontendMetrics()
         self.started = int(time.time())
         self._pool: ThreadPoolExecutor | None = None
@@ -427,10 +431,16 @@ class FrontendApp:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
-        enc = StreamEncoder(req, prefix + trace.request_id, int(time.time()), req.model)
+        response_id, created = prefix + trace.request_id, int(time.time())
         lp = Logprobs(req.endpoint == "chat", self.tokenizer) if req.logprobs else None
-        writer = SseWriter(request, resp, enc, self.tokenizer.stream_decoder(), lp, trace,
-                           self.metrics)
+        decoder = self.tokenizer.stream_decoder()
+        enc: StreamEncoder
+        if self.think_end is not None and req.endpoint == "chat":
+            enc = ReasoningEncoder(req, response_id, created, req.model)
+            decoder = ReasoningDecoder(decoder, enc, self.think_end)
+        else:
+            enc = StreamEncoder(req, response_id, created, req.model)
+        writer = SseWriter(request, resp, enc, decoder, lp, trace, self.metrics)
         try:
             await self.dispatcher.run(req, trace, writer)
             writer.stop()
@@ -482,16 +492,21 @@ class FrontendApp:
             return _error(exc)
         trace.end_ns = time.perf_counter_ns()
         prefix = "chatcmpl-" if req.endpoint == "chat" else "cmpl-"
+        ids, reasoning = writer.ids, None
+        if self.think_end is not None and req.endpoint == "chat":
+            thought, ids = split_reasoning(ids, self.think_end)
+            reasoning = self.tokenizer.decode(thought)
         body = full_response(
             req,
             prefix + trace.request_id,
             int(time.time()),
             req.model,
-            self.tokenizer.decode(writer.ids),
+            self.tokenizer.decode(ids),
             trace.finish or "stop",
             trace.stop_reason,
             Logprobs.merge(writer.logprobs, req.endpoint == "chat") if lp is not None else None,
             usage_obj(req, trace),
             nvext_obj(req, trace),
+            reasoning,
         )
         return web.Response(body=body, content_type="application/json")

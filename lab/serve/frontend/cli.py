@@ -34,6 +34,13 @@ def frontend(settings: FrontendSettings) -> None:
         tokenizer = load_tokenizer(s.tokenizer)
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
+    if s.reasoning_parser:
+        from lab.shared.reasoning import think_end_id
+
+        try:
+            think_end_id(s.tokenizer)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--reasoning-parser") from None
 
     logging.basicConfig(
         stream=sys.stderr,

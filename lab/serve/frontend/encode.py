@@ -158,6 +158,19 @@ class StreamEncoder:
             return self._prefix_first + orjson.dumps(text) + self._suffix
         return self._prefix + orjson.dumps(text) + self._suffix
 
+    def reasoning_chunk(self, reasoning: str, answer: str) -> bytes:
+        """A chat event of a reasoning span (docs/mocker.md "Reasoning spans"): its text as
+        `delta.reasoning_content`, with `delta.content` too when the answer starts in the same
+        chunk (as vLLM's reasoning parsers send it)."""
+        delta: dict[str, Any] = {"role": "assistant"} if self._first else {}
+        self._first = False
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if answer or not reasoning:
+            delta["content"] = answer
+        return (b"data: " + self._base + b',"choices":[{"index":0,"delta":'
+                + orjson.dumps(delta)[:-1] + self._suffix)  # the suffix closes the delta
+
     def chunk_with_logprobs(self, text: str, logprobs: dict[str, Any]) -> bytes:
         choice: dict[str, Any] = {"index": 0}
         if self._chat:
@@ -210,12 +223,16 @@ def full_response(
     logprobs: dict[str, Any] | None,
     usage: dict[str, Any],
     nvext: dict[str, Any] | None,
+    reasoning: str | None = None,
 ) -> bytes:
-    """A non-streaming response body."""
+    """A non-streaming response body; `reasoning`: a chat answer's reasoning span's text
+    (`message.reasoning_content`), None without a reasoning parser."""
     choice: dict[str, Any] = {"index": 0}
     if req.endpoint == "chat":
         obj = "chat.completion"
         choice["message"] = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            choice["message"]["reasoning_content"] = reasoning
     else:
         obj = "text_completion"
         choice["text"] = text

@@ -1,0 +1,91 @@
+"""The linear pass model's fit (lab.fidelity.pass_fit): pure arithmetic on probe figures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lab.fidelity.pass_fit import DECODE, PREFILL_GAP, TTFT, equations, fit_linear, prefill_chunks
+from lab.fidelity.probes import Probe, ProbeResult
+from mocker.engine.timing import LinearPass, prefill_pairs
+
+TRUTH = LinearPass(pass_ms=5.5, token_ms=0.13, seq_ms=0.2, kv_token_ms=0.0006,
+                   attention_mpair_ms=110.0, request_ms=3.0, request_token_ms=0.002)
+PATH_MS = 4.0  # the lab's own path, subtracted from each TTFT
+BUDGET = 2048
+
+
+def _result(probe: Probe, ttft: float = math.nan, step: float = math.nan,
+            gap: float = math.nan) -> ProbeResult:
+    return ProbeResult(probe=probe, ttft_ms_p50=ttft, itl_ms_p50=step, decode_step_ms=step,
+                       latency_ms_p50=math.nan, ok=8, failed=0, prefill_gap_ms=gap)
+
+
+def _truth_results(noise: dict[str, float] | None = None) -> list[ProbeResult]:
+    """Probe figures a target running TRUTH would give (times 1 + noise[probe name])."""
+    noise = noise or {}
+    out = []
+    for i, isl in enumerate((64, 256, 1024, 4096)):
+        p = Probe("context", isl, 32, 1, 8, 1, i)
+        ttft = PATH_MS + TRUTH.request_latency_ms(isl) + sum(
+            TRUTH.pass_time_ms(n, prefill_pairs(n, before), 1, 0, 0)
+            for n, before in prefill_chunks(isl, BUDGET))
+        step = TRUTH.pass_time_ms(0, 0.0, 1, 1, round(p.decode_kv_tokens))
+        out.append(_result(p, ttft, step))
+        o = Probe("overlap", isl, 64, 2, 16, 2, 10 + i)
+        # the gap seen is the longest: the chunk with the most attention pairs
+        n, before = max(prefill_chunks(isl, BUDGET - 1), key=lambda c: prefill_pairs(*c))
+        gap = (TRUTH.pass_time_ms(n, prefill_pairs(n, before), 2, 1, 0)
+               - TRUTH.pass_time_ms(0, 0.0, 1, 1, 0))
+        out.append(_result(o, gap=gap))
+    for i, (c, isl) in enumerate([(c, 64) for c in (1, 8, 32, 64, 128)]
+                                 + [(c, 1024) for c in (1, 8, 32)]):
+        p = Probe("batch", isl, 128, c, 2 * c, c, 100 + i)
+        out.append(_result(p, step=TRUTH.pass_time_ms(0, 0.0, c, c,
+                                                      round(p.decode_kv_tokens))))
+    return [r if r.probe.name not in noise else
+            _result(r.probe, r.ttft_ms_p50 * (1 + noise[r.probe.name]),
+                    r.decode_step_ms * (1 + noise[r.probe.name]), r.prefill_gap_ms)
+            for r in out]
+
+
+def test_prefill_chunks_fill_the_budget_in_order() -> None:
+    assert prefill_chunks(4096, 2048) == [(2048, 0), (2048, 2048)]
+    assert prefill_chunks(100, 2048) == [(100, 0)]
+
+
+def test_each_probe_figure_is_one_equation() -> None:
+    eqs, warnings = equations(_truth_results(), {isl: PATH_MS for isl in (64, 4096)}, BUDGET)
+    kinds = [e.figure for e in eqs]
+    assert (kinds.count(TTFT), kinds.count(PREFILL_GAP), kinds.count(DECODE)) == (4, 4, 12)
+    assert not warnings
+    long = next(e for e in eqs if e.figure == TTFT and e.source.startswith("context-isl4096"))
+    assert long.features[0] == 2.0  # two passes: the budget is 2048
+
+
+def test_fit_recovers_the_passes_of_a_known_engine() -> None:
+    fit = fit_linear(_truth_results(), {64: PATH_MS, 4096: PATH_MS}, BUDGET)
+    got = LinearPass(**fit.coefficients)
+    for prefill, seqs, decodes, kv in [(512, 1, 0, 0), (2048, 1, 0, 0), (0, 32, 32, 30_000),
+                                       (300, 9, 8, 5000)]:
+        pairs = prefill_pairs(prefill, 0)
+        assert got.pass_time_ms(prefill, pairs, seqs, decodes, kv) == pytest.approx(
+            TRUTH.pass_time_ms(prefill, pairs, seqs, decodes, kv), rel=0.01)
+    assert all(abs(r["residual_pct"]) < 1 for r in fit.residuals())
+
+
+def test_one_slow_probe_pulls_the_fit_little_and_shows_in_its_residual() -> None:
+    """A probe slowed 40% by a neighbour's CPU burst: the soft-L1 fit keeps the others within
+    a few percent and the report's residual names the slow one."""
+    fit = fit_linear(_truth_results({"batch-isl64-osl128-c32": 0.4}), {64: PATH_MS}, BUDGET)
+    res = {(r["probe"], r["figure"]): r["residual_pct"] for r in fit.residuals()}
+    assert res[("batch-isl64-osl128-c32", DECODE)] < -20
+    others = [abs(v) for k, v in res.items() if k[0] != "batch-isl64-osl128-c32"]
+    assert max(others) < 5
+
+
+def test_no_prefill_figure_is_a_clear_error() -> None:
+    only_decode = [r for r in _truth_results() if r.probe.kind == "batch"]
+    with pytest.raises(ValueError, match="context probe"):
+        fit_linear(only_decode, {}, BUDGET)

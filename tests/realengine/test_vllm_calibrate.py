@@ -1,0 +1,41 @@
+"""`lab calibrate` against a real engine (the session's vLLM server on the CPU, conftest.py):
+the linear pass model holds every probe figure it was fitted on within 10%, and the engine
+settings vLLM publishes (its KV cache config on /metrics) reach the engine args."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.fidelity.conftest import lab
+from tests.realengine.server import MODEL_NAME, VllmServer
+
+#: vLLM's pass token budget on the CPU (its OpenAI server's default there): not published
+CPU_BUDGET = 2048
+#: vLLM's KV block size on the CPU (published on /metrics as cache config)
+CPU_BLOCK_SIZE = 128
+PROBES = ("--context-isl", "64,256,1024", "--context-osl", "16", "--context-requests", "5",
+          "--overlap-osl", "32", "--overlap-requests", "8", "--batch-conc", "1,8,32",
+          "--batch-isl", "64", "--batch-osl", "32", "--batch-rounds", "1", "--prefix-isl", "0",
+          "--max-num-batched-tokens", str(CPU_BUDGET), "--engine-type", "vllm", "--no-plots",
+          "--in-process-client")
+TOLERANCE_PCT = 10.0
+
+
+def test_calibrate_fits_vllm_within_ten_percent(vllm_server: VllmServer, tokenizer_dir: Path,
+                                                tmp_path: Path) -> None:
+    out = tmp_path / "cal"
+    proc = lab("calibrate", "--target", vllm_server.url, "--model", MODEL_NAME,
+               "--tokenizer", str(tokenizer_dir), "--prompt-kind", "text", *PROBES,
+               "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fit = json.loads((out / "fit.json").read_text())
+    off = [f"{r['probe']} {r['figure']}: measured {r['measured_ms']:.2f} ms, model "
+           f"{r['predicted_ms']:.2f} ms ({r['residual_pct']:+.1f}%)"
+           for r in fit["linear"]["residuals"] if abs(r["residual_pct"]) > TOLERANCE_PCT]
+    assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
+    args = json.loads((out / "engine-args.json").read_text())
+    assert args["timing"]["type"] == "linear"
+    assert args["max_num_batched_tokens"] == CPU_BUDGET
+    assert args["block_size"] == CPU_BLOCK_SIZE and args["num_gpu_blocks"] > 0, args
+    assert fit["target_engine"]["max_model_len"] == 8192
