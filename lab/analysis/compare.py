@@ -178,19 +178,25 @@ def compare_sentences(runs: list[RunData], aligned: pd.DataFrame) -> list[str]:
     return [throughput_sentence(aligned, runs[0].label, r.label, modes=modes) for r in runs[1:]]
 
 
-def table_rows(runs: list[RunData], aligned: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the printed comparison: per metric, each run's value and deltas, a
-    delta followed by 'better' or 'worse' when the metric has a better direction."""
+def table_rows(runs: list[RunData], aligned: pd.DataFrame,
+               only: tuple[str, ...] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the comparison table: per metric, each run's value and deltas, a
+    delta followed by 'better' or 'worse' when the metric has a better direction; `only`:
+    these metrics (column names of `compared`), in that order."""
     axis = _axis_of(aligned)
+    metrics = compared(axis)
+    if only is not None:
+        by_name = {column.name: column for column in metrics}
+        metrics = tuple(by_name[name] for name in only if name in by_name)
     header = [{"rate": "Rate", "trace": "Level"}.get(axis, "Conc")]
-    for column in compared(axis):
+    for column in metrics:
         header.append(f"{column.heading} ({runs[0].label})")
         for r in runs[1:]:
             header += [f"{column.heading} ({r.label})", "Δ%"]
     rows = []
     for _, a in aligned.iterrows():
         row = [_level(axis, a[axis])]
-        for column in compared(axis):
+        for column in metrics:
             col = column.name
             row.append(_num(a.get(f"{col}|{runs[0].label}")))
             for r in runs[1:]:

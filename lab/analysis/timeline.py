@@ -13,6 +13,8 @@ actual send), on the same perf_counter_ns clock as events.jsonl, so a fault line
     in_flight      requests sent and not ended at the bin's end
     ttft / itl     p50 and p99 over the requests sent in the bin (ms); ttft_intended_p99 from
                    their intended send
+    bin_s          the bin's width (1 s in timeline.parquet; the timeline plot sizes each
+                   level's bins to the level: level_bin_ns)
 
 `recovery` says how long after a fault the TTFT p99 came back within 10% of its level before
 the fault.
@@ -57,21 +59,47 @@ def _count(stamps: pd.Series, edges: np.ndarray) -> np.ndarray:
     return np.histogram(s, bins=edges)[0]
 
 
-def level_timeline(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:
-    """Per-second rows of one level's requests (`with_request_times` applied)."""
+#: Bin widths a plot may size a level's bins to (level_bin_ns), in ms: round numbers.
+NICE_BINS_MS = (10, 20, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000)
+#: About this many bins per level on a plot: enough to show a trend, few enough that each bin
+#: holds many requests.
+BINS_PER_LEVEL = 12
+
+
+def level_span_ns(df: pd.DataFrame) -> int:
+    """From a level's first (intended or actual) send to its last end."""
+    starts = [df[c].dropna().min() for c in ("intended_ns", "sent_ns") if c in df]
+    ends = [df[c].dropna().max() for c in ("end_ns", "done_ns", "sent_ns") if c in df]
+    starts, ends = [s for s in starts if pd.notna(s)], [e for e in ends if pd.notna(e)]
+    return int(max(ends) - min(starts)) if starts and ends else 0
+
+
+def level_bin_ns(df: pd.DataFrame) -> int:
+    """A bin width for plotting one level: the smallest round width (NICE_BINS_MS) that cuts
+    its span into at most BINS_PER_LEVEL bins. One-second bins draw a 0.5-4 s level as one to
+    four points; this draws every level as a curve."""
+    want = level_span_ns(df) / BINS_PER_LEVEL
+    return next((ms * 1_000_000 for ms in NICE_BINS_MS if ms * 1_000_000 >= want),
+                NICE_BINS_MS[-1] * 1_000_000)
+
+
+def level_timeline(df: pd.DataFrame, origin_ns: int, bin_ns: int = BIN_NS) -> pd.DataFrame:
+    """Rows of one level's requests (`with_request_times` applied) per bin of `bin_ns` (one
+    second unless a plot asks for its level's own width: the counts are then per bin)."""
     starts = [df[c].dropna().min() for c in ("intended_ns", "sent_ns") if c in df
               and df[c].notna().any()]
     ends = [df[c].dropna().max() for c in ("end_ns", "done_ns") if df[c].notna().any()]
     if not starts:
         return pd.DataFrame()
-    first = int((int(min(starts)) - origin_ns) // BIN_NS)
-    last = int((int(max([*ends, *starts])) - origin_ns) // BIN_NS)
-    if last - first + 1 > MAX_LEVEL_SPAN_S:
+    first = int((int(min(starts)) - origin_ns) // bin_ns)
+    last = int((int(max([*ends, *starts])) - origin_ns) // bin_ns)
+    if (last - first + 1) * bin_ns > MAX_LEVEL_SPAN_S * BIN_NS:
         raise TimelineError(
-            f"no time series: a level's stamps span {last - first + 1:,} s, more than "
+            f"no time series: a level's stamps span {(last - first + 1) * bin_ns / 1e9:,.0f} s, "
+            f"more than "
             f"{MAX_LEVEL_SPAN_S:,} s, so they are not on one clock (requests.parquet's "
             "sent_ns/end_ns mix clocks)")
-    edges = origin_ns + BIN_NS * np.arange(first, last + 2, dtype=np.int64)
+    edges = origin_ns + bin_ns * np.arange(first, last + 2, dtype=np.int64)
     ok = df["ok"].astype(bool)
     end = df["end_ns"].astype("float64").fillna(df["done_ns"].astype("float64"))
     done = df["done_ns"].astype("float64").fillna(end)
@@ -83,7 +111,7 @@ def level_timeline(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:
         tokens += np.histogram(np.asarray(times, dtype=np.int64), bins=edges)[0] * (
             float(n_tok or 0) / float(n_chunks))
     sent = df["sent_ns"].astype("float64")
-    bin_of = np.floor((sent - origin_ns) / BIN_NS)
+    bin_of = np.floor((sent - origin_ns) / bin_ns)
     rows = []
     for k in range(len(edges) - 1):
         lo, hi = int(edges[k]), int(edges[k + 1])
@@ -106,18 +134,20 @@ def level_timeline(df: pd.DataFrame, origin_ns: int) -> pd.DataFrame:
     out.insert(3, "completed", _count(end[ok], edges))
     out.insert(4, "errors", _count(done[~ok], edges))
     out.insert(5, "out_tok_s", tokens)
+    out["bin_s"] = bin_ns / 1e9
     return out
 
 
-def run_timeline(requests: pd.DataFrame) -> pd.DataFrame:
-    """timeline.parquet: the per-second rows of every level, keyed like levels.csv."""
+def run_timeline(requests: pd.DataFrame, level_bins: bool = False) -> pd.DataFrame:
+    """timeline.parquet: the per-second rows of every level, keyed like levels.csv; with
+    `level_bins`, each level in bins of its own width (level_bin_ns), for the timeline plot."""
     if requests.empty:
         return pd.DataFrame()
     origin = run_origin_ns(requests)
     keys = level_keys(requests)
     parts = []
     for key, g in requests.groupby(keys, sort=True, dropna=False):
-        t = level_timeline(g, origin)
+        t = level_timeline(g, origin, level_bin_ns(g) if level_bins else BIN_NS)
         if t.empty:
             continue
         for name, value in zip(keys, key, strict=True):

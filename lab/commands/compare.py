@@ -16,7 +16,8 @@ from lab.sweep.sweep_settings import SweepSettings
 @click.command()
 @click.argument("runs", nargs=-1, required=True)
 @option_of(SweepSettings, "out", type=click.Path(file_okay=False, path_type=Path),
-           help="Where compare.md, compare.csv and the plots go.  [default: RUN_A/compare/]")
+           help="Where compare.md, compare.html, compare.csv and the plots go.  "
+           "[default: RUN_A/compare/]")
 @option_of(SweepSettings, "no_plots")
 def compare(runs: tuple[str, ...], out: Path | None, no_plots: bool) -> None:
     """Compare sweep runs (run directories or run names under results/), the first as baseline."""
@@ -41,6 +42,6 @@ def compare(runs: tuple[str, ...], out: Path | None, no_plots: bool) -> None:
         result = compare_runs(paths, out or paths[0] / "compare", make_plots=not no_plots)
     except ShapeMismatch as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(result.text)
-    click.echo(f"\nwrote {result.out_dir / 'compare.md'}"
+    click.echo(result.terminal)
+    click.echo(f"\nwrote {result.out_dir / 'compare.md'}, {result.out_dir / 'compare.html'}"
                + (f" and {len(result.plots)} plots" if result.plots else ""))

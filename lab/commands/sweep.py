@@ -508,5 +508,5 @@ def run_compare_disagg(run_dir: Path, specs: list[tuple[str, TopologySpec]], pla
         dirs.append(sub)
     _echo()
     result = compare_runs(dirs, run_dir / "compare", make_plots=not settings.no_plots)
-    _echo(result.text)
+    _echo(result.terminal)
     return 0

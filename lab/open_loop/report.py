@@ -8,13 +8,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from lab.analysis.levels import level_label
 from lab.analysis.timeline import Recovery
 from lab.open_loop.figures import schedule_sentence, sustained_sentence
 from lab.report.markdown import fnum, md_table
-from lab.report.plots import _save
+from lab.report.plots import _save, run_level_colors
 
 
 def open_loop_table(levels: pd.DataFrame) -> str:
@@ -54,27 +57,38 @@ def recovery_markdown(recoveries: list[Recovery]) -> str:
 
 
 def timeline_plot(timeline: pd.DataFrame, path: Path, faults: list[dict] | None = None,
-                  origin_ns: int = 0, ramps: list[tuple[int, int]] | None = None) -> Path:
-    """Per-second sent and completed req/s, in flight, and TTFT p50/p99, per level; faults
-    marked as vertical lines, each level's --ramp-up (start, end ns) shaded."""
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+                  origin_ns: int = 0, colors: dict[str, str] | None = None,
+                  ramps: list[tuple[int, int]] | None = None) -> Path:
+    """Per level, sent and completed req/s, requests in flight, and TTFT p50/p99 over time, one
+    colour per level on every panel (`colors`: plots.level_colors); faults marked as vertical
+    lines, each level's --ramp-up (start, end ns) shaded. `timeline`: run_timeline rows, best
+    with level_bins (bins sized to each level, so a level of half a second is a curve, not a
+    point); rates are counts / bin_s."""
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     tl = timeline.sort_values("t_s")
+    colors = colors or run_level_colors(tl)
+    widths = set()
     for _, g in tl.groupby([c for c in ("concurrency", "rate", "repeat") if c in tl],
                            sort=True, dropna=False):
         label = level_label(g.iloc[0])
-        x = g["t_s"] + 0.5  # the middle of each one-second bin
-        axes[0].plot(x, g["sent"], "-", label=f"{label} sent/s")
-        axes[0].plot(x, g["completed"], "--", label=f"{label} completed/s")
+        color = colors.get(label, "black")
+        bin_s = g["bin_s"].to_numpy() if "bin_s" in g else np.ones(len(g))
+        widths.add(float(bin_s[0]))
+        mid = g["t_s"] + bin_s / 2  # rates and TTFT: the middle of each bin
+        line = {"color": color, "marker": "o", "markersize": 3}
+        axes[0].plot(mid, g["sent"] / bin_s, "-", **line)
+        axes[0].plot(mid, g["completed"] / bin_s, "--", **{**line, "marker": "s"})
         if g["errors"].any():
-            axes[0].bar(x, g["errors"], width=0.8, alpha=0.4, label=f"{label} errors/s")
-        axes[1].plot(x, g["in_flight"], "-", label=label)
-        axes[2].plot(x, g["ttft_ms_p50"], "-", label=f"{label} TTFT p50")
-        axes[2].plot(x, g["ttft_ms_p99"], ":", label=f"{label} TTFT p99")
-    for k, (start, end) in enumerate(ramps or []):
+            axes[0].bar(mid, g["errors"] / bin_s, width=0.8 * bin_s, alpha=0.4, color=color,
+                        hatch="//")
+        # in flight is counted at each bin's end
+        axes[1].plot(g["t_s"] + bin_s, g["in_flight"], "-", **line)
+        axes[2].plot(mid, g["ttft_ms_p50"], "-", **line)
+        axes[2].plot(mid, g["ttft_ms_p99"], ":", **{**line, "marker": "^"})
+    for start, end in ramps or []:
         for ax in axes:
             ax.axvspan((start - origin_ns) / 1e9, (end - origin_ns) / 1e9, color="grey",
-                       alpha=0.15, label="ramp-up (not measured)" if k == 0 and ax is axes[1]
-                       else None)
+                       alpha=0.15)
     for f in faults or []:
         t = (f["t_ns"] - origin_ns) / 1e9
         for ax in axes:
@@ -82,13 +96,29 @@ def timeline_plot(timeline: pd.DataFrame, path: Path, faults: list[dict] | None 
         axes[0].annotate(f["label"], (t, axes[0].get_ylim()[1]), color="red", fontsize=8,
                          va="top", rotation=90)
     axes[0].set_ylabel("requests/s")
-    axes[1].set_ylabel("requests in flight")
+    axes[1].set_ylabel("requests in flight\n(log above 1)")
+    axes[1].set_yscale("symlog", linthresh=1.0)  # c=1 next to c=256: both readable
+    axes[1].set_ylim(bottom=0)
     axes[2].set_ylabel("TTFT (ms)")
     if tl["ttft_ms_p99"].notna().any():
         axes[2].set_yscale("log")
     axes[2].set_xlabel("time since the run's first request (s)")
     for ax in axes:
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    axes[0].set_title("Per second: sent and completed requests, in flight, TTFT (by send time)")
+    levels = [Line2D([], [], color=c, marker="o", markersize=4, label=lv)
+              for lv, c in colors.items()]
+    axes[0].legend(handles=[*levels,
+                            Line2D([], [], color="black", linestyle="-", label="sent/s"),
+                            Line2D([], [], color="black", linestyle="--", label="completed/s")]
+                   + ([Patch(facecolor="gray", alpha=0.4, hatch="//", label="errors/s")]
+                      if tl["errors"].any() else [])
+                   + ([Patch(facecolor="grey", alpha=0.15, label="ramp-up (not measured)")]
+                      if ramps else []),
+                   loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="level")
+    axes[2].legend(handles=[Line2D([], [], color="black", linestyle="-", label="TTFT p50"),
+                            Line2D([], [], color="black", linestyle=":", label="TTFT p99")],
+                   loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    bins = ", ".join(f"{w:g} s" for w in sorted(widths))
+    axes[0].set_title("Per level over time: sent and completed req/s, in flight, TTFT by send "
+                      f"time (bins: {bins})")
     return _save(fig, path)

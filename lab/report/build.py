@@ -1,5 +1,5 @@
-"""Analyse a run directory: levels.csv/json, plots/*.png and report.md, from requests.parquet
-(+ procs.parquet, client.json, config.json and events.jsonl when present).
+"""Analyse a run directory: levels.csv/json, plots/*.png, report.md and report.html, from
+requests.parquet (+ procs.parquet, client.json, config.json and events.jsonl when present).
 
 `lab sweep` rewrites levels.csv/json after every level itself (lab.load.sweep.SweepRunner) and
 calls `build_run` at the end; `lab report RUN` calls `build_run`.
@@ -25,6 +25,7 @@ from lab.analysis.turns import per_turn
 from lab.open_loop import report as open_loop_report
 from lab.open_loop.figures import is_open_loop, schedule_sentence, sustained_sentence
 from lab.report import plots
+from lab.report.html import write_html
 from lab.report.markdown import build_report, delivery_sentence, fnum
 from lab.report.shape import load_shape
 from lab.report.slo import slo_lines
@@ -53,7 +54,12 @@ def knee_of(table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> Knee:
     if table.empty or not {req_s, latency} <= set(table.columns):
         return find_knee([], [], [], threshold)
     t = table.dropna(subset=[req_s, latency])
-    return find_knee(list(t["concurrency"]), list(t[req_s]), list(t[latency]), threshold)
+    repeats = int(t["repeats"].min()) if "repeats" in t and len(t) else 1
+    spread = None
+    if repeats > 1 and {"req_s_min", "req_s_max"} <= set(t.columns):
+        spread = float((100 * (t["req_s_max"] - t["req_s_min"]) / t[req_s]).max())
+    return find_knee(list(t["concurrency"]), list(t[req_s]), list(t[latency]), threshold,
+                     repeats=repeats, spread_pct=spread)
 
 
 def stream_interval_of(config: dict) -> int | None:
@@ -176,7 +182,7 @@ def _remote_client_lines(clients: dict) -> list[str]:
 
 def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = True,
               knee_threshold: float | None = None) -> RunAnalysis:
-    """Rebuild levels.*, plots and report.md of a run directory."""
+    """Rebuild levels.*, plots, report.md and report.html of a run directory."""
     run_dir = Path(run_dir)
     requests = rundir.read_requests(run_dir)
     config = rundir.read_json(run_dir / rundir.CONFIG, {}) or {}
@@ -200,10 +206,12 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         knee = find_knee([], [], [], threshold)
     pdir = run_dir / rundir.PLOTS
     made: list[tuple[str, Path]] = []
+    colors = plots.run_level_colors(requests)  # one colour per level on every plot
     if make_plots and not timeline.empty:
-        made.append(("Per second: sent, completed, in flight, TTFT", open_loop_report.timeline_plot(
-            timeline, pdir / "timeline.png", faults.fault_marks() if faults else None,
-            int(timeline.attrs.get("origin_ns", 0)),
+        binned = run_timeline(requests, level_bins=True)
+        made.append(("Over time: sent, completed, in flight, TTFT", open_loop_report.timeline_plot(
+            binned, pdir / "timeline.png", faults.fault_marks() if faults else None,
+            int(timeline.attrs.get("origin_ns", 0)), colors,
             ramps=ramp_spans(requests, (config.get("sweep") or {}).get("ramp_up_s")))))
     if make_plots and not table.empty:
         if not open_loop:  # an open-loop run's levels are rates: see the open-loop section
@@ -211,11 +219,11 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
                          plots.throughput_vs_concurrency(table, pdir / "throughput.png")))
         made.append(("Latency (avg, p99) vs throughput, knee marked",
                      plots.latency_vs_throughput(table, pdir / "latency_vs_throughput.png",
-                                                 knee.knee)))
+                                                 knee.knee, colors=colors)))
         made.append(("TTFT distribution per concurrency",
-                     plots.ttft_distribution(requests, pdir / "ttft.png")))
+                     plots.ttft_distribution(requests, pdir / "ttft.png", colors=colors)))
         made.append(("Inter-chunk gap distribution",
-                     plots.gap_distribution(requests, pdir / "chunk_gaps.png")))
+                     plots.gap_distribution(requests, pdir / "chunk_gaps.png", colors=colors)))
         cpu = plots.server_cpu(table, pdir / "server_cpu.png")
         if cpu is not None:
             made.append(("CPU per process per level", cpu))
@@ -258,6 +266,7 @@ def build_run(run_dir: Path, *, title: str | None = None, make_plots: bool = Tru
         slo_lines=slo,
     )
     (run_dir / rundir.REPORT).write_text(report)
+    write_html(run_dir / rundir.REPORT)
     return RunAnalysis(run_dir, levels, table, knee, config, [p for _, p in made], faults,
                        tokens, turns, timeline_note, slo)
 

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from lab.report.plots import _save
+from lab.report.plots import _save, legend_outside
 
 
 def compare_rates(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
@@ -45,7 +45,7 @@ def _finish(fig: plt.Figure, top: plt.Axes, bottom: plt.Axes, path: Path, title:
     bottom.set_xlabel(x_label)
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        legend_outside(ax, fontsize=7)
     return _save(fig, path)
 
 

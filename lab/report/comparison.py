@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab.analysis import catalogue as cat
 from lab.analysis import rundir
 from lab.analysis.compare import (
     RunData,
@@ -20,16 +21,24 @@ from lab.analysis.compare import (
 from lab.analysis.timeline import TimelineError, run_timeline
 from lab.report import compare_plots, plots
 from lab.report.build import compute_levels, knee_of
+from lab.report.html import write_html
 from lab.report.markdown import md_table
 from lab.report.shape import load_shape
 from lab.report.shape_check import check_shapes
+
+#: The metrics the terminal's comparison table shows, each with its delta: what a person reads
+#: first. compare.md, compare.html and compare.csv have all of them.
+TERMINAL_METRICS = tuple(c.name for c in (
+    cat.REQ_S.col(), cat.TTFT.col("p50"), cat.LATENCY.col("p99"), cat.ITL.col("avg"),
+    cat.SERVER_CPU_US_PER_TOKEN.col()))
 
 
 @dataclass
 class Comparison:
     runs: list[RunData]
     sentences: list[str]  # the throughput sentences, then any shape warning
-    text: str  # what the terminal shows (markdown)
+    text: str  # compare.md's text (markdown): the table of every compared metric
+    terminal: str  # what the terminal shows: the same with TERMINAL_METRICS only
     out_dir: Path
     plots: list[Path] = field(default_factory=list)
 
@@ -55,11 +64,14 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
     header, rows = table_rows(runs, aligned)
     axis = level_axis(runs)
     knees = {} if axis != "concurrency" else {r.label: knee_of(r.levels) for r in runs}
-    lines = ["Runs: " + "; ".join(f"{r.label} = {r.path} ({load_shape(s)})"
-                                  for r, s in zip(runs, sweeps, strict=True))
-             + f". Deltas are against {runs[0].label}.", "", md_table(header, rows), ""]
-    lines += [s + "." for s in sentences]
-    lines += [f"{label}: {k.sentence()}." for label, k in knees.items()]
+    runs_line = ("Runs: " + "; ".join(f"{r.label} = {r.path} ({load_shape(s)})"
+                                      for r, s in zip(runs, sweeps, strict=True))
+                 + f". Deltas are against {runs[0].label}.")
+    said = [s + "." for s in sentences] + [f"{label}: {k.sentence()}."
+                                            for label, k in knees.items()]
+    lines = [runs_line, "", md_table(header, rows), "",
+             *"\n\n".join(said).splitlines()]  # a paragraph each
+    short = md_table(*table_rows(runs, aligned, only=TERMINAL_METRICS))
     out_dir.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
     if make_plots and not aligned.empty:
@@ -79,12 +91,16 @@ def compare_runs(paths: list[Path], out_dir: Path, make_plots: bool = True) -> C
         made.append(plots.compare_ttft_cdf([(r.label, r.requests) for r in runs
                                             if r.requests is not None], out_dir / "ttft_cdf.png"))
     text = "\n".join(lines)
+    terminal = "\n".join([runs_line, "", short, "", *said, "",
+                          f"Every metric compared: {out_dir / 'compare.html'} (and .md, .csv)."])
     md = ["# Comparison", "", text, ""]
     for p in made:
         md += [f"![{p.stem}]({p.name})", ""]
     (out_dir / "compare.md").write_text("\n".join(md))
+    write_html(out_dir / "compare.md")
     aligned.to_csv(out_dir / "compare.csv", index=False)
-    return Comparison(runs=runs, sentences=sentences, text=text, out_dir=out_dir, plots=made)
+    return Comparison(runs=runs, sentences=sentences, text=text, terminal=terminal,
+                      out_dir=out_dir, plots=made)
 
 
 def _timeline(requests: pd.DataFrame) -> pd.DataFrame:

@@ -3,7 +3,9 @@ the legend, titles that say what is shown."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -12,18 +14,61 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from lab.analysis.levels import level_label
 from lab.analysis.metrics import chunk_gaps_ms
 from lab.analysis.stats import measured
 
 DPI = 110
+#: One colour per level: matplotlib's tab10 without its grey (which reads as 'disabled').
+LEVEL_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                 "#bcbd22", "#17becf")
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")  # "tight": legends beside the axes fit
     plt.close(fig)
     return path
+
+
+def _level_key(label: str) -> tuple[int, float]:
+    """'c=32' -> (0, 32.0), 'rate=20/s' -> (1, 20.0): closed-loop levels first, by value."""
+    kind, _, value = label.partition("=")
+    try:
+        return (kind != "c", float(value.removesuffix("/s")))
+    except ValueError:
+        return (2, 0.0)
+
+
+def level_colors(labels: Iterable[str]) -> dict[str, str]:
+    """The colour of each level ('c=32', 'rate=20/s', as level_label names them), by its rank
+    among `labels`: every plot of a report gets the same map (the run's levels; a comparison's:
+    the union of its runs'), so a level has one colour on every plot and page."""
+    ordered = sorted(set(labels), key=_level_key)
+    return {lv: LEVEL_PALETTE[i % len(LEVEL_PALETTE)] for i, lv in enumerate(ordered)}
+
+
+def run_level_colors(levels: pd.DataFrame) -> dict[str, str]:
+    """level_colors of a levels table (by_concurrency rows) or of requests."""
+    if levels.empty:
+        return {}
+    keys = [c for c in ("concurrency", "rate") if c in levels]
+    return level_colors(level_label(r) for _, r in levels[keys].drop_duplicates().iterrows())
+
+
+def _level_ticks(ax: plt.Axes, concurrency: pd.Series) -> None:
+    """A log2 concurrency axis ticked at the levels themselves (32, not 2^5)."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(c) for c in concurrency.dropna()})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+
+
+def legend_outside(ax: plt.Axes, **kwargs: Any) -> None:
+    """The legend beside the axes, on the right: never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              fontsize=kwargs.pop("fontsize", 8), **kwargs)
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -40,7 +85,7 @@ def throughput_vs_concurrency(levels: pd.DataFrame, path: Path, title: str = "")
     if "goodput_req_s" in levels and levels["goodput_req_s"].notna().any():
         ax.plot(levels["concurrency"], levels["goodput_req_s"], "^-", color="tab:green",
                 label="goodput (every SLO met), requests/s")
-    ax.set_xscale("log", base=2)
+    _level_ticks(ax, levels["concurrency"])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("requests/s", color="tab:blue")
     ax2 = ax.twinx()
@@ -51,20 +96,23 @@ def throughput_vs_concurrency(levels: pd.DataFrame, path: Path, title: str = "")
     ax2.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left")
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center",
+              bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize=8)
     ax.set_title(title or "Throughput vs concurrency")
     ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
 
 def latency_vs_throughput(levels: pd.DataFrame, path: Path, knee: int | None,
-                          title: str = "") -> Path:
+                          title: str = "", colors: dict[str, str] | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(levels["req_s"], levels["latency_ms_avg"], "o-", label="latency avg")
     ax.plot(levels["req_s"], levels["latency_ms_p99"], "s--", label="latency p99")
+    colors = colors or run_level_colors(levels)
     for _, row in levels.iterrows():
-        ax.annotate(f"c={int(row['concurrency'])}", (row["req_s"], row["latency_ms_avg"]),
-                    textcoords="offset points", xytext=(4, -12), fontsize=8)
+        label = level_label(row)
+        ax.annotate(label, (row["req_s"], row["latency_ms_avg"]), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8, color=colors.get(label, "black"))
     if knee is not None and (levels["concurrency"] == knee).any():
         row = levels[levels["concurrency"] == knee].iloc[0]
         ax.plot([row["req_s"]], [row["latency_ms_avg"]], marker="*", markersize=18,
@@ -73,14 +121,16 @@ def latency_vs_throughput(levels: pd.DataFrame, path: Path, knee: int | None,
     ax.set_ylabel("request latency (ms)")
     ax.set_ylim(bottom=0)
     ax.set_title(title or "Latency vs throughput (one point per concurrency)")
-    ax.legend(loc="upper left")
+    legend_outside(ax)
     ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
 
-def ttft_distribution(requests: pd.DataFrame, path: Path, title: str = "") -> Path:
+def ttft_distribution(requests: pd.DataFrame, path: Path, title: str = "",
+                      colors: dict[str, str] | None = None) -> Path:
     """Per level: a histogram on log-spaced bins (log x axis) and the CDF."""
     ok = _ok(requests)
+    colors = colors or run_level_colors(requests)
     fig, (ax_h, ax_c) = plt.subplots(1, 2, figsize=(12, 4.5))
     values = ok["ttft_ms"].dropna()
     lo = max(float(values.min()) if len(values) else 0.1, 1e-3)
@@ -90,9 +140,11 @@ def ttft_distribution(requests: pd.DataFrame, path: Path, title: str = "") -> Pa
         v = g["ttft_ms"].dropna().to_numpy()
         if not len(v):
             continue
-        ax_h.hist(v, bins=bins, histtype="step", linewidth=1.5, label=f"c={conc}")
+        label = f"c={conc}"
+        ax_h.hist(v, bins=bins, histtype="step", linewidth=1.5, label=label,
+                  color=colors.get(label))
         xs = np.sort(v)
-        ax_c.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=f"c={conc}")
+        ax_c.plot(xs, np.arange(1, len(xs) + 1) / len(xs), label=label, color=colors.get(label))
     ax_h.set_xscale("log")
     ax_h.set_xlabel("TTFT (ms, log scale)")
     ax_h.set_ylabel("requests")
@@ -101,31 +153,34 @@ def ttft_distribution(requests: pd.DataFrame, path: Path, title: str = "") -> Pa
     ax_c.set_xlabel("TTFT (ms, log scale)")
     ax_c.set_ylabel("fraction of requests <= x")
     ax_c.set_title("TTFT CDF per concurrency")
+    if ax_c.get_legend_handles_labels()[0]:  # no successful request: no curve to label
+        legend_outside(ax_c, title="concurrency")  # one legend: both panels share the colours
     for ax in (ax_h, ax_c):
-        if ax.get_legend_handles_labels()[0]:  # no successful request: no curve to label
-            ax.legend(title="concurrency", fontsize=8)
         ax.grid(True, alpha=0.3, which="both")
     if title:
         fig.suptitle(title)
     return _save(fig, path)
 
 
-def gap_distribution(requests: pd.DataFrame, path: Path, title: str = "") -> Path:
+def gap_distribution(requests: pd.DataFrame, path: Path, title: str = "",
+                     colors: dict[str, str] | None = None) -> Path:
     """Inter-chunk gaps pooled per level: CDF on a log axis."""
     ok = _ok(requests)
+    colors = colors or run_level_colors(requests)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for conc, g in ok.groupby("concurrency", sort=True):
         gaps = np.sort(chunk_gaps_ms(g))
         gaps = gaps[gaps > 0]
         if not len(gaps):
             continue
-        ax.plot(gaps, np.arange(1, len(gaps) + 1) / len(gaps), label=f"c={conc}")
+        ax.plot(gaps, np.arange(1, len(gaps) + 1) / len(gaps), label=f"c={conc}",
+                color=colors.get(f"c={conc}"))
     ax.set_xscale("log")
     ax.set_xlabel("gap between consecutive content chunks (ms, log scale)")
     ax.set_ylabel("fraction of gaps <= x")
     ax.set_title(title or "Inter-chunk gap distribution (CDF) per concurrency")
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(title="concurrency", fontsize=8)
+        legend_outside(ax, title="concurrency")
     else:
         ax.text(0.5, 0.5, "no gaps > 0: every request's chunks arrived together",
                 ha="center", va="center", transform=ax.transAxes)
@@ -149,7 +204,7 @@ def server_cpu(levels: pd.DataFrame, path: Path, title: str = "") -> Path | None
     ax.set_xlabel("concurrency")
     ax.set_ylabel("CPU % (100 = one core), mean over the level")
     ax.set_title(title or "CPU per process per concurrency level")
-    ax.legend(fontsize=8, ncol=2, title="process")
+    legend_outside(ax, title="process")
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -188,7 +243,7 @@ def fault_timeline(requests: pd.DataFrame, faults: list[dict], path: Path,
     ax.set_xlabel("time since the first request (s)")
     ax.set_ylabel(f"requests/s (completions per {bin_s:g} s bin)")
     ax.set_title(title or "Throughput and errors over time, with the fault marked")
-    ax.legend(loc="upper right", fontsize=8)
+    legend_outside(ax)
     ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
@@ -199,12 +254,12 @@ def compare_throughput(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, levels in runs:
         ax.plot(levels["concurrency"], levels["req_s"], "o-", label=label)
-    ax.set_xscale("log", base=2)
+    _level_ticks(ax, pd.concat([levels["concurrency"] for _, levels in runs]))
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0)
     ax.set_title("Throughput vs concurrency, runs compared")
-    ax.legend(title="run")
+    legend_outside(ax, title="run")
     ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
@@ -227,7 +282,7 @@ def compare_latency(runs: list[tuple[str, pd.DataFrame]], path: Path,
     ax.set_ylabel("request latency (ms)")
     ax.set_ylim(bottom=0)
     ax.set_title("Latency vs throughput, runs compared")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     ax.grid(True, alpha=0.3)
     return _save(fig, path)
 
@@ -245,10 +300,9 @@ def compare_ttft_cdf(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
 
     oks = [(label, _ok(requests)) for label, requests in runs]
     oks = [(label, ok.assign(level=label_of(ok))) for label, ok in oks if len(ok)]
-    levels = sorted({lv for _, ok in oks for lv in ok["level"].unique()})
-    colors = {lv: f"C{i % 10}" for i, lv in enumerate(levels)}
+    colors = level_colors(lv for _, ok in oks for lv in ok["level"].unique())
     for i, (label, ok) in enumerate(oks):
-        for level, g in ok.groupby("level", sort=True):
+        for level, g in sorted(ok.groupby("level"), key=lambda kv: _level_key(str(kv[0]))):
             xs = np.sort(g["ttft_ms"].dropna().to_numpy())
             if not len(xs):
                 continue
@@ -258,6 +312,6 @@ def compare_ttft_cdf(runs: list[tuple[str, pd.DataFrame]], path: Path) -> Path:
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("fraction of requests <= x")
     ax.set_title("TTFT CDF, runs compared (line style = run, colour = level)")
-    ax.legend(fontsize=7, ncol=2)
+    legend_outside(ax, fontsize=7)
     ax.grid(True, alpha=0.3, which="both")
     return _save(fig, path)

@@ -103,6 +103,24 @@ def test_compare_runs(tmp_path: Path) -> None:
     assert result.exit_code == 2
 
 
+def test_compare_prints_the_few_columns_a_person_reads(tmp_path: Path) -> None:
+    """The terminal gets req/s, TTFT p50, latency p99, ITL and CPU per token, each with its
+    delta; compare.md keeps every compared metric."""
+    synth_run(tmp_path / "a", {32: 500.0, 128: 1000.0}, mode="aggregated")
+    synth_run(tmp_path / "b", {32: 479.5, 128: 882.0}, mode="disaggregated", seed=1)
+    result = CliRunner().invoke(compare, [str(tmp_path / "a"), str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.output.splitlines() if line.startswith("| Conc"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert names == ["Conc"] + [f"{m} ({run})" if run else "Δ%"
+                                for m in ("req/s", "TTFT p50 (ms)", "latency p99 (ms)",
+                                          "ITL mean (ms)", "server CPU (us/token)")
+                                for run in ("aggregated", "disaggregated", None)]
+    full = (tmp_path / "a" / "compare" / "compare.md").read_text()
+    assert "out tok/s (aggregated)" in full and "total CPU (us/token) (aggregated)" in full
+    assert "compare.html" in result.output
+
+
 def test_knee_of_a_table_without_figures_is_no_knee() -> None:
     # no level measured anything (or a level table without latency columns): no knee, no KeyError
     import pandas as pd
