@@ -18,8 +18,8 @@ from lab.analysis.catalogue import Column
 
 #: The columns compared level by level (the catalogue's). TTFT's mean is there because at a
 #: closed loop's wave boundary a level's TTFT is bimodal and its p50 falls on the boundary,
-#: where it moved 20-24% between runs of one stack, the mean 8-9% (docs/fidelity.md
-#: "Measured gaps", the Intel Xeon run).
+#: where it moves between runs of one stack far more than the mean does (docs/fidelity.md
+#: "TTFT at c=32: waves, and the pass a wave misses").
 COLUMNS: tuple[Column, ...] = (
     cat.TTFT.col("p50"),
     cat.TTFT.col("avg"),

@@ -8,8 +8,9 @@ so a repeat's drift, shared by both sides, stays paired); the median of the per-
 shown beside it, and the target's own spread over the repeats: a gap smaller than the
 target's run-to-run spread is not one a single sweep resolves (at ISL 136 c=128 a closed
 loop's TTFT p50 moved by 18.8% of its median between repeats of Dynamo's own stack,
-docs/fidelity.md "Measured gaps"). The verdict words are those of one sweep
-(`gaps.verdict`), on the ratio of the medians. Pure: level tables in, rows out.
+docs/measurements.md "Fidelity against Dynamo 1.6.1's mocker"). The verdict words are
+those of one sweep (`gaps.verdict`), on the ratio of the medians. Pure: level tables in, rows
+out.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ U+FFFD, or inside a character), so the events and their text are the same;
 tests/serve/test_frontend_hf_tokenizer.py checks both against `tokenizers` on every id and on
 random id runs. While nothing is held back, an ASCII chunk (most chunks are one token, and most
 tokens ASCII) is its own text and skips the UTF-8 decoder (docs/token-path.md
-"Change 6: an ASCII chunk skips the UTF-8 decoder").
+"An ASCII chunk skips the UTF-8 decoder").
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ First token: the pass that finishes a prompt emits the first token under both po
 engines sample it from the context phase). What it costs is ``first_token_decode``
 (EngineArgs): off, it is sampled from the prefill itself (the request is not part of the
 pass's decode set: no decode time is charged for it); on, the request joins that pass's decode
-set (its sequence counts in p and the pass is charged a decode step). Default per policy:
-``vllm`` off, ``trtllm`` on (the lab's earlier reading; Dynamo 1.6.1's trtllm mocker charges
-none, docs/fidelity.md). Exception, as the reference's prefill workers do: a request whose
+set (its sequence counts in p and the pass is charged a decode step). Off by default under
+both policies, as real engines and Dynamo's mocker do (docs/fidelity.md "The first token under
+trtllm"). Exception, as the reference's prefill workers do: a request whose
 whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with zero
 decode time either way.
 

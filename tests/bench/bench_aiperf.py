@@ -25,8 +25,8 @@ Both tools' TTFT is the same interval: from a perf_counter_ns stamp taken before
 connection is picked (AIPerf: before aiohttp's `session.request`, so its header and body
 serialisation is inside; the lab: before its pre-built request's single write) to the arrival
 of the first SSE event with non-empty content (AIPerf: `content_responses[0]`, stamped when its
-chunk is read; the lab: `first_ns`, stamped in `data_received`). What differs is the socket:
-AIPerf sets TCP_QUICKACK (and large buffers) on its connections, the lab's client does not
+chunk is read; the lab: `first_ns`, stamped in `data_received`). Both reuse the kept-alive
+connection idle longest, so neither meets a server's delayed-ACK stall that the other avoids
 (docs/open-loop.md "Against AIPerf").
 
 The target is not started or stopped here. Runs go under --out (one directory per run).

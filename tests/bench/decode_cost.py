@@ -3,8 +3,8 @@
 Runs a tokenizer's stream decoder (`HFTokenizer.stream_decoder()`, the one the frontend uses
 per stream) over `--tokens` random ids of its vocabulary, one id per step as the engine streams
 them at speedup 1, and prints the best of `--rounds` rounds in us per step, with the share of
-ids whose bytes are ASCII. The figures: docs/token-path.md
-"Change 6: an ASCII chunk skips the UTF-8 decoder".
+ids whose bytes are ASCII. The figures: docs/measurements.md
+"The detokenizer's step".
 """
 
 from __future__ import annotations
