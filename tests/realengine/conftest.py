@@ -1,6 +1,6 @@
-"""One vLLM server shared by every real-engine test of the session (it takes about 70 s to
-start on 2 cores). Skipped only when .ci/vllm-venv recorded that PyPI was unreachable, or when
-the venv is missing and CI is not true; under CI=true a missing venv fails."""
+"""One vLLM server shared by every real-engine test (it takes 70-150 s to start on 2 cores).
+Skipped only when .ci/vllm-venv recorded that PyPI was unreachable, or when the venv is missing
+and CI is not true; under CI=true a missing venv fails."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model_dir(tmp_path_factory.mktemp("realengine-tok"))
 
 
-@pytest.fixture(scope="session")
+# Package scope: the server stops after this package's last test, so that its processes (the
+# EngineCore and Worker busy-poll between steps) do not take a core from the tests after it.
+@pytest.fixture(scope="package")
 def vllm_server(tokenizer_dir: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     _venv_or_skip()
