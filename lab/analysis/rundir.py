@@ -77,6 +77,9 @@ REQUEST_SCHEMA = pa.schema([
     # conversations (--turns): which conversation a request is a turn of, and which turn
     ("conversation", pa.int64()),
     ("turn", pa.int64()),
+    # --cancel: the client closed the request mid-stream on purpose, and when
+    ("cancelled", pa.bool_()),
+    ("cancelled_ns", pa.int64()),
 ])
 REQUEST_COLUMNS = REQUEST_SCHEMA.names
 
