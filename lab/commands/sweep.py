@@ -132,6 +132,9 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
 
         check_conversation_conflicts(conversation, settings, arrival, client,
                                      trace=trace.trace is not None)
+    if client.cancel > 0 and conversation.turns > 1:
+        raise click.UsageError("--cancel and --turns are alternatives: a conversation's turns "
+                               "are not cancelled")
     target = settings.target
     if shard.shard is not None:
         _check_shard_rate(arrival, trace.trace is not None, conversation.turns > 1)

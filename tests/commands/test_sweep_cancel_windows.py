@@ -9,13 +9,12 @@ as `lab sweep --cancel` wires them (`lab.commands.sweep._launched`).
   for its KV transfer) and during decode; after each, both engines (and the sidecars, the
   frontend) are back at their idle values.
 
-The windows are made wide by the engines' timing: a fixed 1 s prefill pass, then ~1.6 s of
-KV transfer (64 prompt tokens x 131072 B at 0.0052 GB/s; under the decode sidecar's 2 s
-no-progress limit), then 10 ms decode steps. Cancel at 300 ms is inside the prefill pass, at
-1.8 s inside the transfer (the prefill leg has ended, the decode leg has not sent its first
-token), after 3 tokens in decode. The
-requests ask for 2000 tokens (20 s of decode): an engine that kept working on a cancelled
-request would still hold it when the check's wait ends.
+The windows are made wide by the engines' timing: the prompt's 64 tokens are prefilled 4 per
+300 ms pass (4.8 s), then ~1.6 s of KV transfer (64 x 131072 B at 0.0052 GB/s), then 10 ms
+decode steps; the sidecars are told to wait that long without token progress. Cancel at 300 ms
+is early in the prefill, at 5.6 s inside the transfer (the prefill leg has ended, the decode
+leg has sent no token), after 3 tokens in decode. Every phase left running would hold its
+engine past the check's 3 s wait: 4.5 s more of prefill, or 20 s of decode (2000 tokens).
 """
 
 from __future__ import annotations
@@ -37,7 +36,13 @@ from launch.topology import FleetSpec, TopologySpec
 
 SIDECAR_ARGS = ["--grace-period", "0.5"]
 ENGINE_FIGURES = {"running_requests", "queued_requests", "used_kv_blocks", "open_streams"}
-SETTLE_S = 4.0
+SETTLE_S = 3.0
+#: The sidecars wait 30 s without token progress before calling their engine stalled (2 s by
+#: default, shorter than a 4.8 s prefill: the request would move to the decode worker).
+PATIENT = ["--stall", "30"]
+ISL = 64
+#: The prefill engine's batch budget: a 64-token prompt takes 16 passes of 300 ms.
+PREFILL_CHUNK = 4
 
 
 def fixed(prefill_ms: float, decode_ms: float) -> dict:
@@ -45,19 +50,20 @@ def fixed(prefill_ms: float, decode_ms: float) -> dict:
 
 
 async def cancel_level(stack: Stack, check: LeakCheck, run_dir: Path, plan: CancelPlan, *,
-                       isl: int, osl: int) -> SweepRunner:
-    """One c=2 level of 2 requests, every one cancelled by `plan`'s delay, then the check."""
+                       isl: int, osl: int, conc: int, seed: int = 0) -> SweepRunner:
+    """One level of `conc` requests at concurrency `conc`, each cancelled by `plan`, then the
+    check (`seed`: the prompts', so that levels do not share a prefix cache)."""
     run_dir.mkdir()
-    sweep = SweepPlan(concurrency=[2], workload=WorkloadSpec(isl=isl, osl=osl), requests=2,
-                      warmup=0, client=ClientOptions(cancel=plan))
+    sweep = SweepPlan(concurrency=[conc], workload=WorkloadSpec(isl=isl, osl=osl, seed=seed),
+                      requests=conc, warmup=0, client=ClientOptions(cancel=plan))
     runner = SweepRunner(run_dir, stack.frontend_url, stack.model, sweep,
                          after_level=after_level_check(check, run_dir, lambda _: None))
     await runner.run()
     return runner
 
 
-def report(run_dir: Path) -> dict:
-    return json.loads((run_dir / LEAKS_JSON).read_text())["c=2"]
+def report(run_dir: Path, level: str) -> dict:
+    return json.loads((run_dir / LEAKS_JSON).read_text())[level]
 
 
 async def test_leaking_engine_fails_the_level_naming_it(tmp_path: Path) -> None:
@@ -71,25 +77,26 @@ async def test_leaking_engine_fails_the_level_naming_it(tmp_path: Path) -> None:
         await check.baseline()
         with pytest.raises(LeakFound) as failed:
             await cancel_level(stack, check, tmp_path / "level", CancelPlan(1.0, "2tok"),
-                               isl=32, osl=400)
+                               isl=32, osl=400, conc=2)
     assert str(failed.value).startswith("c=2: leak check failed after")
     assert "engine-0: used_kv_blocks" in str(failed.value), failed.value
-    level = report(tmp_path / "level")
+    level = report(tmp_path / "level", "c=2")
     assert level["settled_s"] is None
     assert [leak.split(":")[0] for leak in level["leaks"]] == ["engine-0"], level
 
 
 async def test_cancel_in_each_disaggregated_window(tmp_path: Path) -> None:
     spec = TopologySpec(fleets=[
-        FleetSpec("prefill", speedup=1, engine_args=fixed(1000, 10),
-                  extra_sidecar_args=SIDECAR_ARGS),
+        FleetSpec("prefill", speedup=1,
+                  engine_args={**fixed(300, 10), "max_num_batched_tokens": PREFILL_CHUNK},
+                  extra_sidecar_args=[*SIDECAR_ARGS, *PATIENT]),
         FleetSpec("decode", speedup=1,
                   engine_args={**fixed(5, 10), "kv_transfer_bandwidth": 0.0052},
-                  extra_sidecar_args=SIDECAR_ARGS),
+                  extra_sidecar_args=[*SIDECAR_ARGS, *PATIENT]),
     ], grace_s=8)
-    # the handoff first: its window's start is the prefill pass's end, on an idle engine
-    # (delay, tokens seen at least / at most, the decode worker the frontend's log names)
-    windows = {"handoff": ("1800ms", 0, 0, "sidecar-decode-0"),
+    # (cancel after, tokens seen at least / at most, the decode worker the frontend's log
+    # names); the handoff first: its window starts when the prefill ends, on an idle engine
+    windows = {"handoff": ("5600ms", 0, 0, "sidecar-decode-0"),
                "prefill": ("300ms", 0, 0, "-"),
                "decode": ("3tok", 3, 1999, "sidecar-decode-0")}
     async with Stack(spec, tmp_path / "stack") as stack:
@@ -98,25 +105,24 @@ async def test_cancel_in_each_disaggregated_window(tmp_path: Path) -> None:
         await check.baseline()
         frontend_log = tmp_path / "stack" / "logs" / "frontend.log"
         seen = 0
-        for window, (after, least, most, decode_worker) in windows.items():
-            runner = await cancel_level(stack, check, tmp_path / window,
-                                        CancelPlan(1.0, after), isl=64, osl=2000)
-            level = report(tmp_path / window)
+        for seed, (window, (after, least, most, decode_worker)) in enumerate(windows.items()):
+            runner = await cancel_level(stack, check, tmp_path / window, CancelPlan(1.0, after),
+                                        isl=ISL, osl=2000, conc=1, seed=seed)
+            level = report(tmp_path / window, "c=1")
             assert level["leaks"] == [], (window, level)
             for name in ("engine-prefill-0", "engine-decode-0"):
                 figures = level["figures"][name]
                 assert set(figures) >= ENGINE_FIGURES, (window, name, figures)
                 assert all(v == 0 for v in figures.values()), (window, name, figures)
             assert level["figures"]["frontend"]["inflight_requests"] == 0, (window, level)
-            records = runner.records
-            assert len(records) == 2 and all(r.cancelled for r in records), (window, records)
-            assert all(least <= r.chunks <= most for r in records), (window, records)
-            # the frontend's account: both requests ended by the client (499), the prefill leg
-            # done and the decode leg opened (handoff, decode) or not yet (prefill)
+            [record] = runner.records
+            assert record.cancelled and least <= record.chunks <= most, (window, record)
+            # the frontend's account: the client ended it (499), the prefill leg ran and the
+            # decode leg was opened (handoff, decode) or not yet (prefill)
             lines = [line for line in frontend_log.read_text().splitlines()
                      if "lab.frontend: request id=" in line]
             mine, seen = lines[seen:], len(lines)
-            assert len(mine) == 2, (window, mine)
-            for line in mine:
-                assert "status=499" in line and "prefill_worker=sidecar-prefill-0" in line, line
-                assert f"decode_worker={decode_worker} " in line, (window, line)
+            assert len(mine) == 1, (window, mine)
+            assert "status=499" in mine[0] and "prefill_worker=sidecar-prefill-0" in mine[0]
+            assert f"decode_worker={decode_worker} " in mine[0], (window, mine[0])
+            assert "migrations=0" in mine[0], (window, mine[0])  # no leg moved elsewhere

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from lab.analysis.metrics import summarize_run
 from lab.analysis.request_times import requests_frame
+from lab.commands.sweep import sweep
 from lab.load.cancel import CancelPlan, parse_cancel_after
 from lab.load.client import ClientOptions, run_level
 from lab.load.http1 import Http1Connection
 from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
+from lab.open_loop.client import run_rate_level
 from tests.load.fake_http import start
 from tests.load.fake_openai import FakeOpenAI
 from tests.waiting import wait_for
@@ -110,3 +114,21 @@ async def test_no_plan_arms_nothing(fake: tuple[FakeOpenAI, str],
     res = await run_level(url, bodies(6, osl=4), 2,
                           options=ClientOptions(cancel=CancelPlan(1.0, "first")))
     assert len(armed) == 6 and all(r.cancelled for r in res.records)
+
+
+async def test_the_open_loop_cancels_too(fake: tuple[FakeOpenAI, str]) -> None:
+    server, url = fake
+    offsets = np.arange(6, dtype=np.int64) * 5_000_000  # 5 ms apart
+    res = await run_rate_level(url, bodies(6, osl=40), offsets, rate=200.0,
+                               options=ClientOptions(cancel=CancelPlan(1.0, "2tok")))
+    assert len(res.records) == 6
+    assert all(r.cancelled and r.chunks == 2 for r in res.records), res.records
+    await wait_for(lambda: server.in_flight == 0, timeout=5, what="the fake to be idle")
+    assert server.served == 0
+
+
+def test_cancel_with_turns_is_a_usage_error() -> None:
+    result = CliRunner().invoke(sweep, ["--target", "http://127.0.0.1:9", "--turns", "3",
+                                        "--endpoint", "chat",
+                                        "--cancel", "0.5"])
+    assert result.exit_code == 2 and "--cancel and --turns are alternatives" in result.output
