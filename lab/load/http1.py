@@ -192,10 +192,11 @@ class Http1Connection(asyncio.Protocol):
 
     def arm_cancel(self, raw: RawResponse, events: int | None, delay_s: float | None) -> None:
         """Leave the request `raw` mid-stream, as a user who goes away does: close the
-        connection once `events` SSE events of its response have arrived, or `delay_s` seconds
-        from now. The response then completes with `raw.cancelled_ns` stamped, unless it ended
-        first. Per request, never per read: an armed request reads through `_counting_piece`
-        (an instance attribute shadowing `_piece`), every other one through the plain path."""
+        connection once `events` tokens of its response (SSE events with content,
+        `lab.load.cancel.token_events`) have arrived, or `delay_s` seconds from now. The
+        response then completes with `raw.cancelled_ns` stamped, unless it ended first. Per
+        request, never per read: an armed request reads through `_counting_piece` (an
+        instance attribute shadowing `_piece`), every other one through the plain path."""
         if self.raw is not raw:  # already failed or answered
             return
         self._armed = True
