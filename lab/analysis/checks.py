@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from lab.analysis.stats import cancelled_mask
+
 TOKEN_TOLERANCE = 0.02
 
 
@@ -41,9 +43,10 @@ def failed_levels(requests: pd.DataFrame) -> list[str]:
     out = []
     m = requests[~requests["warmup"].astype(bool)]
     for conc, g in m.groupby("concurrency", sort=True):
-        if len(g) and not g["ok"].astype(bool).any():
-            out.append(f"c={int(conc)}: {failed_sentence(g.to_dict('records'))}; this level has "
-                       "no latency or throughput figures.")
+        failed = g[~cancelled_mask(g)]  # cancelled on purpose (--cancel): no failure
+        if len(failed) and not g["ok"].astype(bool).any():
+            out.append(f"c={int(conc)}: {failed_sentence(failed.to_dict('records'))}; this level "
+                       "has no latency or throughput figures.")
     return out
 
 

@@ -39,7 +39,7 @@ from lab.analysis.levels import level_key, level_keys
 from lab.analysis.request_times import NS_PER_MS
 from lab.analysis.slo_share import SLOs as SLOs
 from lab.analysis.slo_share import slo_figures
-from lab.analysis.stats import describe, measured
+from lab.analysis.stats import cancelled_mask, describe, measured
 from lab.open_loop.figures import open_loop_figures
 
 
@@ -65,7 +65,7 @@ def window_ns(df: pd.DataFrame) -> tuple[int | None, int | None]:
 
 
 def error_counts(df: pd.DataFrame) -> dict[str, int]:
-    failed = df[~df["ok"].astype(bool)]
+    failed = df[~df["ok"].astype(bool) & ~cancelled_mask(df)]
     return dict(Counter(str(k) for k in failed["error_kind"]).most_common())
 
 
@@ -146,7 +146,8 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
     m = measured(df)
     ok_rows = m[m["ok"].astype(bool)]
     n_ok = len(ok_rows)
-    n_failed = len(m) - n_ok
+    n_cancelled = int(cancelled_mask(m).sum())
+    n_failed = len(m) - n_ok - n_cancelled
     start, end = window_ns(df)
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
     out_tokens = int(ok_rows["output_tokens"].fillna(0).sum())
@@ -158,6 +159,7 @@ def level_summary(df: pd.DataFrame, *, procs: pd.DataFrame | None = None,
         "requests": len(m),
         "ok": n_ok,
         "failed": n_failed,
+        "cancelled": n_cancelled,
         "warmup": int(len(df) - len(m)),
         cat.ERROR_RATE.name: n_failed / len(m) if len(m) else None,
         "errors": format_errors(errors),
@@ -272,8 +274,9 @@ def by_concurrency(levels: pd.DataFrame) -> pd.DataFrame:
             out[f"{col}_min"] = agg[col].min()
             out[f"{col}_max"] = agg[col].max()
     out["errors"] = agg["errors"].agg(_merge_errors)
-    for col in ("failed", "ok", "requests"):
-        out[col] = agg[col].sum()
+    for col in ("failed", "ok", "requests", "cancelled"):
+        if col in levels:
+            out[col] = agg[col].sum()
     return out.reset_index()
 
 

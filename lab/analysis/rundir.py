@@ -82,6 +82,9 @@ REQUEST_SCHEMA = pa.schema([
     ("first_reasoning_ns", pa.int64()),
     ("first_answer_ns", pa.int64()),
     ("reasoning_chunks", pa.int64()),
+    # --cancel: the client closed the request mid-stream on purpose, and when
+    ("cancelled", pa.bool_()),
+    ("cancelled_ns", pa.int64()),
 ])
 REQUEST_COLUMNS = REQUEST_SCHEMA.names
 

@@ -36,3 +36,12 @@ def describe(values: Any) -> dict[str, float | None]:
 def measured(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that count for statistics (warm-up excluded)."""
     return df[~df["warmup"].astype(bool)]
+
+
+def cancelled_mask(df: pd.DataFrame) -> pd.Series:
+    """The requests the client cancelled on purpose (--cancel): neither ok nor failed (runs
+    from before the column have none)."""
+    if "cancelled" not in df:
+        return pd.Series(False, index=df.index)
+    return df["cancelled"].fillna(False).astype(bool)
+

@@ -7,7 +7,7 @@ actual send), on the same perf_counter_ns clock as events.jsonl, so a fault line
     intended       requests whose intended send falls in the bin (open-loop levels)
     sent           requests actually sent in the bin
     completed      successful requests whose last content chunk falls in the bin (req/s)
-    errors         failed requests that ended in the bin
+    errors         failed requests that ended in the bin (a cancelled one is no failure)
     out_tok_s      output tokens that arrived in the bin (each content chunk counts its
                    request's tokens per chunk)
     in_flight      requests sent and not ended at the bin's end
@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from lab.analysis.levels import level_keys
+from lab.analysis.stats import cancelled_mask
 
 BIN_NS = 1_000_000_000
 #: A level's stamps spanning more seconds than this are not on one clock (e.g. shards whose
@@ -132,7 +133,7 @@ def level_timeline(df: pd.DataFrame, origin_ns: int, bin_ns: int = BIN_NS) -> pd
     out.insert(1, "intended", _count(df["intended_ns"], edges) if "intended_ns" in df else 0)
     out.insert(2, "sent", _count(df["sent_ns"], edges))
     out.insert(3, "completed", _count(end[ok], edges))
-    out.insert(4, "errors", _count(done[~ok], edges))
+    out.insert(4, "errors", _count(done[~ok & ~cancelled_mask(df)], edges))
     out.insert(5, "out_tok_s", tokens)
     out["bin_s"] = bin_ns / 1e9
     return out

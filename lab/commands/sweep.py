@@ -137,6 +137,9 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
                              or ray.ray is not None or shard.shard is not None):
         raise click.UsageError("--ramp-up ramps a closed-loop or rate level of this client: "
                                "not with --trace, --turns, --ray or --shard")
+    if client.cancel > 0 and conversation.turns > 1:
+        raise click.UsageError("--cancel and --turns are alternatives: a conversation's turns "
+                               "are not cancelled")
     target = settings.target
     if shard.shard is not None:
         _check_shard_rate(arrival, trace.trace is not None, conversation.turns > 1)
@@ -399,17 +402,31 @@ async def _launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan,
                 _echo(f"ray agent {agent['agent']}: node {str(agent.get('node_id'))[:12]} "
                       f"(pid {agent.get('pid')}): {', '.join(agent['processes'])}", err=True)
             stack.on_event(_event_printer(progress))
+        after_level = None
+        if plan.client.cancels() is not None:  # --cancel: did every process let go?
+            from lab.sweep.leak_check import LeakCheck, after_level_check
+
+            leaks = LeakCheck(stack.processes, stack.frontend_url, stack.discovery)
+            await leaks.baseline()
+            after_level = after_level_check(leaks, run_dir, progress.done)
         runner = SweepRunner(run_dir, stack.frontend_url, stack.model, plan, progress=progress,
-                             procs_samples=stack.cpu_samples, remote=remote)
+                             procs_samples=stack.cpu_samples, remote=remote,
+                             after_level=after_level)
         t0 = time.monotonic()
+        failed: RuntimeError | None = None
         async with asyncio.TaskGroup() as tg:
             injector = tg.create_task(_inject(stack, faults, t0, progress)) if faults else None
-            await runner.run()
+            try:
+                await runner.run()
+            except RuntimeError as exc:  # a failed level, a leak: raised below, not as a group
+                failed = exc
             if injector is not None and not injector.done():
                 pending = [str(f) for f in faults if t0 + f.at_s > time.monotonic()]
                 progress.done(f"warning: the sweep ended before these faults fired: "
                               f"{', '.join(pending)}")
                 injector.cancel()
+        if failed is not None:
+            raise failed
 
 
 def _run(coro_factory: Any) -> int:
@@ -448,11 +465,14 @@ def run_launched(run_dir: Path, spec: TopologySpec, plan: SweepPlan, settings: S
 async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, quiet: bool,
                     server_pids: dict[str, int], remote: RemoteClients | None = None) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
+    from lab.sweep.leak_check import target_note
 
     await _main_task_guard()
+    progress = LineProgress(quiet=quiet)
+    after_level = target_note(progress.done) if plan.client.cancels() is not None else None
     if not server_pids:
-        runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet),
-                             remote=remote)
+        runner = SweepRunner(run_dir, target, model, plan, progress=progress,
+                             remote=remote, after_level=after_level)
         await runner.run()
         return
     import psutil
@@ -464,8 +484,9 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, qui
                          create_time=psutil.Process(pid).create_time())
              for name, pid in server_pids.items()]
     sampler = Sampler(lambda: views, run_dir / "procs.parquet", include_children=True)
-    runner = SweepRunner(run_dir, target, model, plan, progress=LineProgress(quiet=quiet),
-                         procs_samples=sampler.samples_now, remote=remote)
+    runner = SweepRunner(run_dir, target, model, plan, progress=progress,
+                         procs_samples=sampler.samples_now, remote=remote,
+                         after_level=after_level)
     async with asyncio.TaskGroup() as tg:
         sampling = tg.create_task(sampler.run())
         try:

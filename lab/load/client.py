@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from lab.load.cancel import CancelPlan
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse, parse_response
@@ -75,6 +76,20 @@ class ClientOptions:
     # are then an endless lazy set, built on demand; docs/open-loop.md "Ramp-up")
     ramp_up_s: float = 0.0
     after_ramp: int | None = None
+    # --cancel: the requests the client leaves mid-stream, and when (lab.load.cancel)
+    cancel: CancelPlan | None = None
+
+    def cancels(self) -> CancelPlan | None:
+        """The cancel plan when it cancels anything (None: the plain send path)."""
+        return self.cancel if self.cancel is not None and self.cancel.fraction > 0 else None
+
+
+def arm_cancel(plan: CancelPlan | None, conn: Http1Connection, raw: RawResponse,
+               index: int) -> None:
+    """After request `index` was written on `conn`: arm its cancel if the plan picks it. Every
+    driver (closed loop, open loop) calls this once per request, only with a plan."""
+    if plan is not None and plan.picks(index):
+        conn.arm_cancel(raw, plan.events, plan.delay_s)
 
 
 @dataclass
@@ -212,12 +227,13 @@ class RecordBook:
         self.records.append(rec)
         self.done += 1
         self.resends += raw.resends
-        if not rec.ok:
+        failed = not rec.ok and not rec.cancelled  # a cancelled request is no error
+        if failed:
             self.errors += 1
         if self.shared_done is not None:
             with self.shared_done.get_lock():
                 self.shared_done.value += 1
-            if not rec.ok:
+            if failed:
                 with self.shared_errors.get_lock():
                     self.shared_errors.value += 1
         return rec
@@ -344,6 +360,7 @@ class _Driver(RecordBook):
         self.gap_ns = 0
         self.chain = False
         self.claimed_after_ramp = 0
+        self.cancel = options.cancels()
 
     def claim(self) -> int | None:
         if self.deadline_ns is not None and time.perf_counter_ns() >= self.deadline_ns:
@@ -465,6 +482,8 @@ class _Slot:
         rid = b"X-Request-Id: %s%d\r\n" % (d.rid_prefix, i)
         conn.request(post_request(d.head, rid, data), raw, streaming, self.on_response,
                      timeout_s)
+        if d.cancel is not None:
+            arm_cancel(d.cancel, conn, raw, i)
 
     def on_response(self, conn: Http1Connection, raw: RawResponse, reusable: bool) -> None:
         """Called by the connection when the current response is complete or failed."""

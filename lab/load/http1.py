@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from lab.load.cancel import token_events
 from lab.load.keep_alive import KeepAlive, keep_alive_for
 from lab.load.sse import RawResponse
 
@@ -112,6 +113,11 @@ class Http1Connection(asyncio.Protocol):
         self._reconnect: tuple[Origin, bool, ssl.SSLContext | None] | None = None
         self._data = b""  # the request in flight (for a resend)
         self._timeout_s: float | None = None
+        # --cancel (lab.load.cancel): the current request is to be closed mid-stream
+        self._armed = False
+        self._cancel_timer: asyncio.TimerHandle | None = None
+        self._events_left = 0
+        self._pending = b""  # an armed response's unterminated SSE event so far
 
     # ----- asyncio.Protocol -----
 
@@ -183,6 +189,52 @@ class Http1Connection(asyncio.Protocol):
         if timeout_s:
             self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out,
                                                                 timeout_s)
+
+    def arm_cancel(self, raw: RawResponse, events: int | None, delay_s: float | None) -> None:
+        """Leave the request `raw` mid-stream, as a user who goes away does: close the
+        connection once `events` tokens of its response (SSE events with content,
+        `lab.load.cancel.token_events`) have arrived, or `delay_s` seconds from now. The
+        response then completes with `raw.cancelled_ns` stamped, unless it ended first. Per
+        request, never per read: an armed request reads through `_counting_piece` (an
+        instance attribute shadowing `_piece`), every other one through the plain path."""
+        if self.raw is not raw:  # already failed or answered
+            return
+        self._armed = True
+        if delay_s is not None:
+            self._cancel_timer = asyncio.get_running_loop().call_later(delay_s, self._cancel)
+        elif events is not None:
+            self._events_left = events
+            self._pending = b""
+            self._piece = self._counting_piece  # type: ignore[method-assign]
+
+    def _counting_piece(self, piece: bytes, t: int) -> None:
+        Http1Connection._piece(self, piece, t)
+        if not self._stream:
+            return
+        seen, self._pending = token_events(self._pending, piece)
+        self._events_left -= seen
+        if self._events_left <= 0 and b"[DONE]" not in piece:  # [DONE]: it finished anyway
+            self._cancel(t)
+
+    def _cancel(self, t: int | None = None) -> None:
+        """Close the connection under the current request and complete it as cancelled."""
+        self._cancel_timer = None
+        raw, cb = self._detach()
+        if raw is None or cb is None:
+            return
+        raw.cancelled_ns = raw.done_ns = t if t is not None else time.perf_counter_ns()
+        if self._body and raw.body is None:
+            raw.body = b"".join(self._body)
+        self._body = []
+        self.close()
+        cb(self, raw, False)
+
+    def _disarm(self) -> None:
+        self._armed = False
+        if self._cancel_timer is not None:
+            self._cancel_timer.cancel()
+            self._cancel_timer = None
+        self.__dict__.pop("_piece", None)
 
     def stale(self, now_ns: int) -> bool:
         """Whether this kept-alive connection has been idle so long that the server may be
@@ -377,6 +429,8 @@ class Http1Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._armed:
+            self._disarm()
         return raw, cb
 
     def _complete(self, t: int) -> None:

@@ -78,6 +78,10 @@ class RequestRecord:
     end_ns: int | None = None
     done_ns: int | None = None
     ok: bool = False
+    #: --cancel: the client closed it mid-stream on purpose (not an error; not `ok` either, so
+    #: it is in no latency figure), and when
+    cancelled: bool = False
+    cancelled_ns: int | None = None
     #: the answer's text (chat content), kept only when a later turn sends it back (--turns)
     text: str | None = None
     # the run (lab.load.sweep)

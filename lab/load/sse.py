@@ -46,6 +46,7 @@ class RawResponse:
     error_kind: str | None = None
     error_message: str | None = None
     resends: int = 0  # sent again on a new connection (a reused one closed before the response)
+    cancelled_ns: int | None = None  # the client closed it mid-stream (--cancel), when
 
 
 def split_events(times: list[int], pieces: list[bytes], end_ns: int | None = None
@@ -302,7 +303,8 @@ def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
             except _SHAPE_ERRORS as exc:
                 _malformed(out, ev, exc)
                 break
-        if out.error_kind is None and raw.error_kind is None and not saw_done:
+        if (out.error_kind is None and raw.error_kind is None and not saw_done
+                and raw.cancelled_ns is None):
             out.error_kind = "incomplete"
             out.error_message = "stream ended without [DONE]"
     elif raw.status == 200 and raw.body is not None:
@@ -351,7 +353,10 @@ def parse_response(raw: RawResponse, streaming: bool, keep_text: bool = False
     else:
         out.first_answer_ns = out.first_ns
     out.done_ns = raw.done_ns
-    out.ok = out.error_kind is None
+    out.ok = out.error_kind is None and raw.cancelled_ns is None
+    if raw.cancelled_ns is not None:  # left by the client: not an error, unless one came first
+        out.cancelled_ns = raw.cancelled_ns
+        out.cancelled = out.error_kind is None
     if state.text is not None:
         out.text = "".join(state.text)
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -216,7 +216,8 @@ class SweepRunner:
                  progress: LineProgress | None = None,
                  procs_samples: Callable[[], list[dict]] | None = None,
                  on_level: Callable[[int, int, LevelResult], None] | None = None,
-                 remote: RemoteClients | None = None) -> None:
+                 remote: RemoteClients | None = None,
+                 after_level: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.remote = remote  # client processes elsewhere (lab.load.ray_client), or None
         self.url = url
@@ -225,6 +226,9 @@ class SweepRunner:
         self.progress = progress or LineProgress(quiet=True)
         self.procs_samples = procs_samples
         self.on_level = on_level
+        # awaited after each level is saved, with its label: the launched stack's leak check
+        # (lab.sweep.leak_check), which raises to stop the sweep
+        self.after_level = after_level
         self.writer = rundir.RequestsWriter(self.run_dir)
         self.clients: dict[str, dict] = {}
         self.records: list[RequestRecord] = []
@@ -260,11 +264,17 @@ class SweepRunner:
                 concurrency=concurrency, warmup=warmup, options=options,
                 progress=self.progress.update)
             self.last_row = self._save(concurrency, repeat, result)
+            await self._after(label)
             return result
         result = await run_level(self.url, bodies, concurrency, warmup=warmup, options=options,
                                  progress=self.progress.update, remote=self.remote)
         self.last_row = self._save(concurrency, repeat, result)
+        await self._after(label)
         return result
+
+    async def _after(self, label: str) -> None:
+        if self.after_level is not None:
+            await self.after_level(label)
 
     def _first_level_start(self, options: ClientOptions) -> ClientOptions:
         """The sweep's first level starts at `plan.start_at_ns` (the shards' agreed start),
@@ -304,6 +314,7 @@ class SweepRunner:
                 plan.conversations, n, offsets_ns=offsets, rate=rate, warmup=warmup,
                 options=options, progress=self.progress.update)
             self.last_row = self._save(0, repeat, result, rate)
+            await self._after(label)
             return result
         share = plan.share
         if share is None:
@@ -322,6 +333,7 @@ class SweepRunner:
             for r in result.records:
                 r.index = int(mine[r.index])
         self.last_row = self._save(0, repeat, result, rate)
+        await self._after(label)
         return result
 
     async def run_trace(self, repeat: int) -> LevelResult:
@@ -337,8 +349,9 @@ class SweepRunner:
                                  include_usage=spec.include_usage, **kw)
         rate = trace.rate
         options = replace(plan.client, duration_s=None, request_id_prefix=f"trace-r{repeat}-")
-        self.progress.start(f"trace {trace.path}" + (f" (repeat {repeat + 1}/{plan.repeat})"
-                                                     if plan.repeat > 1 else ""))
+        label = f"trace {trace.path}" + (f" (repeat {repeat + 1}/{plan.repeat})"
+                                         if plan.repeat > 1 else "")
+        self.progress.start(label)
         if self.started_ns is None:
             self.started_ns = time.perf_counter_ns()
         result = await run_rate_level(self.url, bodies, offsets_ns(trace.requests, trace.speed),
@@ -346,6 +359,7 @@ class SweepRunner:
                                       seed=[spec.seed, repeat], options=options,
                                       progress=self.progress.update)
         self.last_row = self._save(0, repeat, result, rate)
+        await self._after(label)
         return result
 
     def _save(self, concurrency: int, repeat: int, result: LevelResult,
@@ -415,19 +429,19 @@ class SweepRunner:
         if self.plan.trace is not None:
             for repeat in range(self.plan.repeat):
                 result = await self.run_trace(repeat)
-                failed = [r for r in result.records if not r.ok]
-                if result.records and len(failed) == len(result.records):
+                failed = [r for r in result.records if not r.ok and not r.cancelled]
+                if failed and len(failed) == len(result.records):
                     raise LevelFailed("trace", failed)
             return
         for rate, repeat in self.plan.rate_levels():
             result = await self.run_rate(rate, repeat)
-            failed = [r for r in result.records if not r.ok]
-            if result.records and len(failed) == len(result.records):
+            failed = [r for r in result.records if not r.ok and not r.cancelled]
+            if failed and len(failed) == len(result.records):
                 raise LevelFailed(rate_label(rate), failed)
         for concurrency, repeat in self.plan.levels():
             result = await self.run_one(concurrency, repeat)
-            failed = [r for r in result.records if not r.ok]
-            if result.records and len(failed) == len(result.records):
+            failed = [r for r in result.records if not r.ok and not r.cancelled]
+            if failed and len(failed) == len(result.records):
                 raise LevelFailed(f"c={concurrency}", failed)
 
 
@@ -448,4 +462,5 @@ def level_line(row: pd.Series, label: str) -> str:
     return (f"{label}: {int(row['requests'])} requests in {f(row['duration_s'], 2)} s, "
             f"{f(row['req_s'])} req/s, {f(row['out_tok_s'], 0)} out tok/s, "
             f"latency avg {f(row['latency_ms_avg'])} ms, TTFT avg {f(row['ttft_ms_avg'], 2)} ms, "
-            f"errors {row['errors']}")
+            f"errors {row['errors']}"
+            + (f", cancelled {int(row['cancelled'])}" if row.get("cancelled") else ""))

@@ -48,6 +48,7 @@ from lab.load.client import (
     RecordBook,
     RemoteClients,
     _Payloads,
+    arm_cancel,
     connect_for,
     endpoint_url,
     run_client_processes,
@@ -95,6 +96,7 @@ class _OpenDriver(RecordBook):
         self.origin: Origin | None = None
         self.head = b""
         self.rid_prefix = options.request_id_prefix.encode()
+        self.cancel = options.cancels()
 
     # ----- sending -----
 
@@ -118,6 +120,8 @@ class _OpenDriver(RecordBook):
             conn = idle.popleft()
             if not conn.closed and not conn.stale(raw.sent_ns):
                 conn.request(request, raw, ctx.streaming, on_response, self.options.timeout_s)
+                if self.cancel is not None:
+                    arm_cancel(self.cancel, conn, raw, ctx.request_index)
                 return
             conn.close()  # closed, or idle past the server's keep-alive timeout
             self.conns.discard(conn)
@@ -133,6 +137,8 @@ class _OpenDriver(RecordBook):
             try:
                 remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
                 conn.request(request, raw, ctx.streaming, on_response, max(remaining, 1e-3))
+                if self.cancel is not None:
+                    arm_cancel(self.cancel, conn, raw, ctx.request_index)
             except Exception as exc:  # never lose a request: anything unexpected is a row
                 conn.close()
                 raw.error_kind, raw.error_message = "client_error", f"{type(exc).__name__}: {exc}"

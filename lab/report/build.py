@@ -20,6 +20,7 @@ from lab.analysis.knee import DEFAULT_THRESHOLD, Knee, find_knee
 from lab.analysis.levels import level_label
 from lab.analysis.metrics import by_concurrency, summarize_run
 from lab.analysis.slo_share import SLOs
+from lab.analysis.stats import cancelled_mask
 from lab.analysis.timeline import TimelineError, recovery, run_timeline
 from lab.analysis.turns import per_turn
 from lab.open_loop import report as open_loop_report
@@ -155,8 +156,10 @@ def _setup_lines(config: dict, requests: pd.DataFrame) -> list[str]:
                      f"{sweep.get('client_procs', 1)}")
     n_total = len(requests)
     n_ok = int(requests["ok"].sum()) if n_total else 0
-    lines.append(f"requests recorded: {n_total} ({n_ok} ok, {n_total - n_ok} failed, "
-                 "warm-up included)")
+    n_cancelled = int(cancelled_mask(requests).sum()) if n_total else 0
+    cancelled = f", {n_cancelled} cancelled by the client" if n_cancelled else ""
+    lines.append(f"requests recorded: {n_total} ({n_ok} ok, {n_total - n_ok - n_cancelled} "
+                 f"failed{cancelled}, warm-up included)")
     machine = config.get("machine") or {}
     if machine:
         lines.append(f"machine: {machine.get('cpu_count')} CPUs ({machine.get('cpu_model')}), "

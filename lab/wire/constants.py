@@ -38,6 +38,8 @@ HANDOFF_KEYS: Final = (HANDOFF_SESSION_ID, HANDOFF_TRANSFER_BACKEND, HANDOFF_END
 MOCKER_SESSION_PREFIX: Final = "mocker-prefill-"
 MOCKER_TRANSFER_BACKEND: Final = "MOCKER"
 MOCKER_KV_PROTOCOL: Final = "mocker"
+#: The mocker's GetLoad attribute: Generate streams it has registered and not released yet.
+OPEN_STREAMS_ATTRIBUTE: Final = "open_streams"
 MOCKER_DP_RANK: Final = 0
 ATTR_REQUEST_ID: Final = "mocker_request_id"  # string
 ATTR_PROMPT_TOKENS: Final = "mocker_prompt_tokens"  # whole-valued double

@@ -10,6 +10,7 @@ import grpc
 
 from lab.shared.reasoning import REASONING_PARSERS
 from lab.wire import constants as wc
+from lab.wire.constants import OPEN_STREAMS_ATTRIBUTE
 
 from .config import (
     ENGINE_NAME,
@@ -139,6 +140,9 @@ class Control(openengine_pb2_grpc.ControlServicer):
         )
         if st.cfg.settings.role != "aggregated":
             info.active_kv_sessions = sum(1 for live in st.by_key.values() if live.has_session)
+        # Generate streams registered and not released yet: what a cancel must bring back to
+        # 0 even when the scheduler is done with the request (lab sweep --cancel's leak check)
+        info.attributes.update({OPEN_STREAMS_ATTRIBUTE: st.active})
         return info
 
     async def Health(self, request, context):

@@ -162,7 +162,8 @@ def test_every_sweep_and_client_setting_parses_back_from_its_argv(tmp_path: Path
             compare_disagg=True, faults=(FaultSpec("engine-0", "kill", 1.5),), no_plots=True,
             quiet=True),
         ClientSettings: ClientSettings(client_procs=2, fresh_connection=True,
-                                       in_process_client=True, gap_ms=3.5, timeout=12.0),
+                                       in_process_client=True, gap_ms=3.5, timeout=12.0,
+                                       cancel=0.5, cancel_after="250ms", cancel_seed=3),
     }
     timed = SweepSettings(duration=5.0)  # --duration is the alternative to --requests
     for model, settings in [*given.items(), (SweepSettings, timed)]:

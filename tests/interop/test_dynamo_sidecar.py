@@ -10,6 +10,7 @@ reason skips locally with the command to run, and fails under CI=true.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from lab.commands.sweep import sweep
+from lab.sweep.leak_check import TARGET_NOTE, engine_load
 from lab.wire import constants as wc
 from launch.port_hold import PortHold
 from mocker.server.pb import generation_pb2
@@ -30,6 +32,7 @@ from mocker.server.recorder import list_recorded
 from tests.interop import dynamo_stack as dyn
 from tests.interop.model_dir import build_model_dir
 from tests.procs import Proc, mocker_argv
+from tests.waiting import wait_for
 
 ISL, OSL, REQUESTS = 64, 16, 12
 KV_PORT = "5600"  # published in the handoff only; nothing binds it
@@ -62,17 +65,18 @@ class Stack:
 
 @pytest.fixture
 def dynamo(spawn: Callable[..., Proc], model_dir: Path,
-           tmp_path: Path) -> Iterator[Callable[[bool], Stack]]:
-    """start(disagg) -> Stack: the mockers, then Dynamo's frontend and a sidecar per mocker;
-    `spawn` stops every process group at teardown, whatever the test did."""
+           tmp_path: Path) -> Iterator[Callable[..., Stack]]:
+    """start(disagg, *mocker_args) -> Stack: the mockers (speedup 0 unless the extra mocker
+    arguments say otherwise), then Dynamo's frontend and a sidecar per mocker; `spawn` stops
+    every process group at teardown, whatever the test did."""
     dynamo_procs: list[Proc] = []
 
-    def start(disagg: bool) -> Stack:
+    def start(disagg: bool, *mocker_args: str) -> Stack:
         roles = ("prefill", "decode") if disagg else ("aggregated",)
         engines = {
             role: spawn(f"mocker-{role}", mocker_argv(
                 "--record-requests", "--kv-port", KV_PORT, "--tokenizer", str(model_dir),
-                role=role, speedup=0,
+                *(mocker_args or ("--speedup-ratio", "0")), role=role,
                 instance_id=f"mocker-{role}"))
             for role in roles
         }
@@ -156,7 +160,7 @@ def is_context_only(r: generation_pb2.GenerateRequest) -> bool:
     return v is not None and v.string_value == wc.CONTEXT_ONLY
 
 
-def test_aggregated(dynamo: Callable[[bool], Stack], model_dir: Path, tmp_path: Path) -> None:
+def test_aggregated(dynamo: Callable[..., Stack], model_dir: Path, tmp_path: Path) -> None:
     stack = dynamo(False)
     req = sweep_through(stack, model_dir, tmp_path / "agg")
     assert_clean_and_exact(req)
@@ -165,7 +169,7 @@ def test_aggregated(dynamo: Callable[[bool], Stack], model_dir: Path, tmp_path: 
     assert_one_token_per_chunk(req)
 
 
-def test_disaggregated_legs_on_distinct_workers(dynamo: Callable[[bool], Stack], model_dir: Path,
+def test_disaggregated_legs_on_distinct_workers(dynamo: Callable[..., Stack], model_dir: Path,
                                                 tmp_path: Path) -> None:
     stack = dynamo(True)
     req = sweep_through(stack, model_dir, tmp_path / "disagg")
@@ -177,3 +181,34 @@ def test_disaggregated_legs_on_distinct_workers(dynamo: Callable[[bool], Stack],
     assert all(r.stopping.max_tokens == 1 for r in prefill)
     assert len(decode) >= len(req) and all(r.kv.HasField("session") for r in decode)
     assert_one_token_per_chunk(req)
+
+
+def test_cancel_through_dynamo_leaves_the_mockers_idle(
+        dynamo: Callable[..., Stack], model_dir: Path, tmp_path: Path) -> None:
+    """The lab's client cancels through Dynamo's frontend (closing the connection after the
+    third token); Dynamo's frontend and sidecar must pass it on, so that the mockers end with
+    nothing running or queued, no KV block used and no Generate stream open. The sweep itself
+    says that it cannot check inside a --target."""
+    stack = dynamo(False, "--speedup-ratio", "1", "--engine-args",
+                   '{"timing": {"type": "fixed", "prefill_ms": 5, "decode_ms": 10}}')
+    out = tmp_path / "cancel"
+    result = CliRunner().invoke(sweep, [
+        "--target", stack.url, "--model", stack.model, "--tokenizer", str(model_dir),
+        "--endpoint", "completions", "--isl", str(ISL), "--osl", "1000", "--conc", "4",
+        "--requests", "4", "--warmup", "0", "--timeout", "60", "--no-plots",
+        "--cancel", "1", "--cancel-after", "3tok", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"c=4: {TARGET_NOTE}" in result.output, result.output
+    req = pd.read_parquet(out / "requests.parquet")
+    assert req["cancelled"].all() and req["chunks"].between(3, 999).all(), req["chunks"]
+    assert pd.read_csv(out / "levels.csv").loc[0, "cancelled"] == 4
+    address = stack.engines["aggregated"].address
+
+    def idle() -> bool:
+        load = engine_load(address, 5.0)
+        return all(load.get(k) == 0 for k in ("running_requests", "queued_requests",
+                                              "used_kv_blocks", "open_streams"))
+
+    # 1000 tokens at 10 ms: a mocker Dynamo did not abort would still be busy for ~10 s
+    asyncio.run(wait_for(idle, timeout=5.0, what="the mocker to be idle", interval=0.1,
+                         in_thread=True))
