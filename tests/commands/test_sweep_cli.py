@@ -160,7 +160,7 @@ def test_every_sweep_and_client_setting_parses_back_from_its_argv(tmp_path: Path
             out=tmp_path / "run", target="http://127.0.0.1:9", server_pids={"me": os.getpid()},
             slo_ttft_ms=50.0, slo_latency_ms=900.0, slo_itl_ms=5.0, knee_threshold=0.25,
             compare_disagg=True, faults=(FaultSpec("engine-0", "kill", 1.5),), no_plots=True,
-            quiet=True),
+            quiet=True, slo_share=0.95, max_levels=5, ramp_up=2.5),
         ClientSettings: ClientSettings(client_procs=2, fresh_connection=True,
                                        in_process_client=True, gap_ms=3.5, timeout=12.0,
                                        cancel=0.5, cancel_after="250ms", cancel_seed=3),
