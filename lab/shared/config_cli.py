@@ -33,7 +33,7 @@ from pydantic.fields import FieldInfo
 from lab.shared.switches import ON_OFF, is_on, on_off
 
 __all__ = ["MAX_SECONDS", "Settings", "field_like", "field_option", "field_options",
-           "given_or_default", "options", "parse_settings", "setting", "to_argv"]
+           "given_or_default", "options", "parse_settings", "run_value", "setting", "to_argv"]
 
 S = TypeVar("S", bound="Settings")
 
@@ -72,6 +72,8 @@ class Cli:
     multiple: bool = False
     hidden: bool = False  # not in --help (an internal option)
     path: click.Path | None = None  # a path option's click checks (exists, file or directory)
+    #: False: a value the program fills in as it runs (e.g. a level's duration), no option
+    command_line: bool = True
 
 
 def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
@@ -84,6 +86,13 @@ def setting(default: Any, help: str, *, ge: float | None = None, gt: float | Non
         ... if required else default, ge=ge, gt=gt, le=le, lt=lt, description=help,
         json_schema_extra=cast(Any, {"cli": meta}),
     )
+
+
+def run_value(default: Any, help: str) -> Any:
+    """A field that is no option: a value the program sets as it runs (`model_copy(update=)`),
+    kept in the same model so that what a component runs on is one instance."""
+    return Field(default, description=help,
+                 json_schema_extra=cast(Any, {"cli": Cli(command_line=False)}))
 
 
 _KEEP: Any = object()
@@ -284,6 +293,8 @@ def field_options(model: type[Settings]) -> Callable[[Callable[..., Any]], Calla
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         for name in reversed(list(model.model_fields)):
+            if not _cli(model.model_fields[name]).command_line:
+                continue
             decls, kwargs = field_option(model, name)
             func = click.option(*decls, **kwargs)(func)
         return func
@@ -306,7 +317,7 @@ def to_argv(settings: Settings) -> list[str]:
     argv: list[str] = []
     fields = type(settings).model_fields
     for name, info in fields.items():
-        if name not in settings.model_fields_set:
+        if name not in settings.model_fields_set or not _cli(info).command_line:
             continue
         value = getattr(settings, name)
         cli = _cli(info)
