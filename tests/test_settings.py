@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from lab.serve.frontend.cli import frontend
 from lab.serve.sidecar.cli import sidecar
-from lab.shared.config_cli import Settings, parse_settings
+from lab.shared.config_cli import Settings, option_names, parse_settings
 from lab.shared.engine_settings import ENGINE_SPEEDUP_DEFAULT_TEXT, EngineSettings
 from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.sidecar_settings import SidecarSettings
@@ -234,7 +234,8 @@ def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path)
             capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         config = json.loads((out / "config.json").read_text())
-        assert config["sweep"]["client"]["isolate"] is isolated, config["sweep"]["client"]
+        assert config["sweep"]["client"]["in_process_client"] is not isolated, \
+            config["sweep"]["client"]
 
 
 # --- the commands that launch or drive the processes: `lab sweep`, `lab up`, `lab nagle` ---
@@ -312,7 +313,7 @@ def test_every_command_field_reaches_its_command(model: type[Settings], tmp_path
     command = _command_models()[model]
     instances = command_values(tmp_path)[model.__name__]
     given = {name for values in instances for name in values}
-    assert given == set(model.model_fields), "give every field a non-default value"
+    assert given == set(option_names(model)), "give every option a non-default value"
     for values in instances:
         for name, value in values.items():
             assert value != model.model_fields[name].default, name

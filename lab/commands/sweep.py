@@ -149,7 +149,7 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
     plan = SweepPlan(
         concurrency=[] if arrival.rate else concs, workload=workload,
         requests=settings.requests, duration_s=settings.duration, warmup=settings.warmup,
-        repeat=settings.repeat, client=client.to_options(),
+        repeat=settings.repeat, client=client,
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency,
         share=shard_plan.share() if shard_plan is not None else None)

@@ -30,15 +30,16 @@ def _bodies(opts: NagleSettings, model: str, arm: Arm, conc: int,
 
 async def _run_arm_levels(url: str, model: str, arm: Arm, opts: NagleSettings,
                           seed_of: Callable[[Arm, int], int]) -> list[dict]:
-    from lab.load.client import ClientOptions, run_level
+    from lab.load.client import run_level
+    from lab.load.client_settings import ClientSettings
 
     records: list[dict] = []
     for conc in arm.levels:
         bodies = _bodies(opts, model, arm, conc, seed_of(arm, conc))
-        copts = ClientOptions(
+        copts = ClientSettings(in_process_client=True,
             fresh_connection=arm.fresh_connection,
             gap_ms=arm.gap_ms,
-            timeout_s=opts.timeout_s,
+            timeout=opts.timeout_s,
             request_id_prefix=f"nagle-{arm.name}-c{conc}-",
         )
         t0 = time.monotonic()

@@ -33,7 +33,8 @@ from pydantic.fields import FieldInfo
 from lab.shared.switches import ON_OFF, is_on, on_off
 
 __all__ = ["MAX_SECONDS", "Settings", "field_like", "field_option", "field_options",
-           "given_or_default", "options", "parse_settings", "run_value", "setting", "to_argv"]
+           "given_or_default", "option_names", "options", "parse_settings", "run_value",
+           "setting", "to_argv"]
 
 S = TypeVar("S", bound="Settings")
 
@@ -261,11 +262,16 @@ def _usage_error(model: type[Settings], exc: ValidationError) -> click.UsageErro
     return click.UsageError(msg)
 
 
+def option_names(model: type[Settings]) -> list[str]:
+    """The fields of `model` that are command-line options (not `run_value`s)."""
+    return [name for name, info in model.model_fields.items() if _cli(info).command_line]
+
+
 def parse_settings(model: type[S], params: dict[str, Any]) -> S:
     """The instance of `model` from a command's parsed option values (click.Context.params);
     a failed cross-field check is a click usage error naming the option."""
     try:
-        return model(**{k: params[k] for k in model.model_fields if k in params})
+        return model(**{k: params[k] for k in option_names(model) if k in params})
     except ValidationError as exc:
         raise _usage_error(model, exc) from None
 
@@ -274,11 +280,13 @@ def options(model: type[S], param: str = "settings") -> Callable[[Callable[..., 
                                                                   Callable[..., Any]]:
     """Add every field of `model` as a click option; the command receives one validated
     instance as `param` (and its other parameters as given)."""
+    names = option_names(model)
+
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def command(**kwargs: Any) -> Any:
             instance = parse_settings(model, kwargs)
-            rest = {k: v for k, v in kwargs.items() if k not in model.model_fields}
+            rest = {k: v for k, v in kwargs.items() if k not in names}
             return func(**{param: instance}, **rest)
 
         return field_options(model)(command)
@@ -292,9 +300,7 @@ def field_options(model: type[Settings]) -> Callable[[Callable[..., Any]], Calla
     taking keywords, e.g. `launch.cli_options.spec_from_options`, uses this)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        for name in reversed(list(model.model_fields)):
-            if not _cli(model.model_fields[name]).command_line:
-                continue
+        for name in reversed(option_names(model)):
             decls, kwargs = field_option(model, name)
             func = click.option(*decls, **kwargs)(func)
         return func
