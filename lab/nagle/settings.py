@@ -25,7 +25,7 @@ from lab.nagle.arms import (
 from lab.nagle.stats import DEFAULT_THRESHOLD_MS
 from lab.shared.config_cli import MAX_SECONDS, Settings, field_like, run_value, setting
 from lab.sweep.sweep_settings import MAX_REQUESTS, SweepSettings
-from launch.topology import DEFAULT_SPEEDUP
+from launch.topology import FleetSpec
 from launch.topology_settings import TopologySettings
 
 #: The probe's per-request timeout, seconds (shorter than a sweep's: the probe's requests are
@@ -55,7 +55,7 @@ class NagleSettings(Settings):
         DEFAULT_THRESHOLD_MS, "A stall: TTFT at least this far above the fastest decile.",
         gt=0, le=MAX_SECONDS * 1000)
     speedup: float = field_like(
-        TopologySettings, "speedup", default=DEFAULT_SPEEDUP,
+        FleetSpec, "speedup",
         help="Engine speedup of the launched stack (1000: the engine is nearly free).")
     isl: int = field_like(SweepSettings, "isl", help="Prompt tokens per request (exact in "
                           "--tokenizer's tokenizer when given).")

@@ -33,8 +33,8 @@ from pydantic.fields import FieldInfo
 from lab.shared.switches import ON_OFF, is_on, on_off
 
 __all__ = ["MAX_SECONDS", "Settings", "field_like", "field_option", "field_options",
-           "given_or_default", "option_names", "options", "parse_settings", "run_value",
-           "setting", "to_argv"]
+           "fields_of", "flag_of", "given_or_default", "option_names", "options",
+           "parse_settings", "run_value", "setting", "to_argv"]
 
 S = TypeVar("S", bound="Settings")
 
@@ -99,12 +99,24 @@ def run_value(default: Any, help: str) -> Any:
 _KEEP: Any = object()
 
 
-def field_like(model: type[Settings], name: str, *, default: Any = _KEEP,
+def fields_of(model: Any) -> dict[str, FieldInfo]:
+    """The pydantic fields of a model or of a pydantic dataclass (e.g. launch.topology's)."""
+    found = getattr(model, "__pydantic_fields__", None)
+    return dict(found if found is not None else model.model_fields)
+
+
+def flag_of(model: Any, name: str) -> str:
+    """The flag of `model`'s field `name` (`--field-name` unless the field says otherwise)."""
+    return _flag(name, fields_of(model)[name])
+
+
+def field_like(model: Any, name: str, *, default: Any = _KEEP,
                help: str | None = None, **cli: Any) -> Any:
     """A field defined as `model`'s field `name` is: the same default, bounds, help and
     spelling, except what is given (`cli`: the keywords of `Cli`, e.g. flag=). For a command
-    whose option is another's setting (`lab nagle --isl` is `lab sweep --isl`)."""
-    info = model.model_fields[name]
+    whose option is another's setting (`lab nagle --isl` is `lab sweep --isl`), or a
+    topology field that is a process's setting (`launch.topology.FleetSpec`)."""
+    info = fields_of(model)[name]
     bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt")
               if hasattr(m, k)}
     meta = dataclasses.replace(_cli(info), **cli)
@@ -114,13 +126,13 @@ def field_like(model: type[Settings], name: str, *, default: Any = _KEEP,
                  json_schema_extra=cast(Any, {"cli": meta}), **bounds)
 
 
-def given_or_default(model: type[Settings], name: str, help: str | None = None,
+def given_or_default(model: Any, name: str, help: str | None = None,
                      **cli: Any) -> Any:
     """`field_like`, but default None ("not given", so that a value from another source, e.g.
     a topology file, stands); the help shows the field's default.
 
     For the options of a launcher (`lab up`) that set a process's own setting."""
-    info = model.model_fields[name]
+    info = fields_of(model)[name]
     own = _cli(info)
     shown = own.default_text
     if shown is None and not info.is_required() and info.default is not None:
