@@ -64,36 +64,48 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from lab.shared.config_cli import MAX_SECONDS
+import pydantic
+from pydantic import ConfigDict, Field, ValidationError, field_validator
+
+from lab.shared.config_cli import MAX_SECONDS, field_like, setting
+from lab.shared.engine_settings import EngineSettings
+from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.json_arg import read_json_object
 from lab.shared.settings import (
-    DEFAULT_MIGRATION_LIMIT,
     DEFAULT_MODEL,
     DEFAULT_ROUTER,
     ROLES,
-    ROUTERS,
     SocketSettings,
 )
-from lab.wire.constants import DEFAULT_STREAM_INTERVAL, MAX_STREAM_INTERVAL
 from launch.errors import TopologyError
 from launch.linkshape import KEYS as LINK_KEYS
 from launch.linkshape import LinkShape, hosts_from_config
 
 DEFAULT_SPEEDUP = 1000.0
 DEFAULT_DECODE_SPEEDUP = 1.0
-RESTART_POLICIES = ("never", "on-failure", "always")
+RestartPolicy = Literal["never", "on-failure", "always"]
+RESTART_POLICIES: tuple[str, ...] = get_args(RestartPolicy)
 DEFAULT_RESTART_ENGINE = "never"
 DEFAULT_RESTART_SIDECAR = "on-failure"
 DEFAULT_READY_TIMEOUT_S = 60.0
 DEFAULT_GRACE_S = 10.0
 DEFAULT_NAME = "lab"
+#: The most engines one fleet may have.
+MAX_FLEET = 256
+Role = Literal["aggregated", "prefill", "decode"]
+assert get_args(Role) == tuple(ROLES), "Role spells lab.shared.settings.ROLES"
+Router = Literal["round-robin", "least-loaded", "random"]
 
+#: A topology is validated as it is built (types, bounds, choices, unknown keys: pydantic, from
+#: the same fields the processes' settings and the flags are); ints and bools are not guessed
+#: from other types (a TOML `count = "2"` or `enforce_disagg = 1` is refused by name).
+_CONFIG = ConfigDict(extra="forbid", strict=True, validate_assignment=True,
+                     allow_inf_nan=False)
 
 @dataclass(frozen=True)
 class RayPlace:
@@ -122,18 +134,50 @@ class RayPlace:
         return " and ".join(parts)
 
 
-@dataclass
-class FleetSpec:
-    """`count` engines of one role, each with its own sidecar."""
+#: A Ray custom resource name, as `ray start --resources` takes it.
+_RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+#: A Ray node label's key (`ray start --labels`; Kubernetes-style, an optional prefix/).
+_RAY_LABEL_KEY = re.compile(r"([a-z0-9.\-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.\-]{0,61}[A-Za-z0-9])?")
 
-    role: str
-    count: int = 1
+
+def _ray_resource(value: str | None) -> str | None:
+    if value is not None and (not _RAY_RESOURCE.fullmatch(value) or value in (
+            "CPU", "GPU", "memory", "object_store_memory")):
+        raise ValueError(f"{value!r}: expected a custom resource name (letters, digits, "
+                         "'_', '.', '-'; not CPU/GPU/memory)")
+    return value
+
+
+def _ray_labels(value: dict[str, str]) -> dict[str, str]:
+    for name, label in value.items():
+        if not _RAY_LABEL_KEY.fullmatch(name) or not label:
+            raise ValueError(f"{name!r} = {label!r}: expected a label key (letters, digits, "
+                             "'_', '.', '-') and a non-empty string value")
+    return value
+
+
+@pydantic.dataclasses.dataclass(config=_CONFIG)
+class FleetSpec:
+    """`count` engines of one role, each with its own sidecar. A field that is an engine's
+    setting is that setting (`field_like`): the same bounds and help."""
+
+    role: Role
+    count: int = setting(1, "Engines in the fleet.", ge=1, le=MAX_FLEET)
     engine_args: dict[str, Any] = field(default_factory=dict)
-    speedup: float = DEFAULT_SPEEDUP
-    decode_speedup: float = DEFAULT_DECODE_SPEEDUP
-    stream_interval: int = DEFAULT_STREAM_INTERVAL
-    restart_engine: str = DEFAULT_RESTART_ENGINE
-    restart_sidecar: str = DEFAULT_RESTART_SIDECAR
+    speedup: float = field_like(EngineSettings, "speedup_ratio", default=DEFAULT_SPEEDUP,
+                                help="Engine speedup ratio (0 = no simulated time).",
+                                flag=None, metavar="R", default_text=f"{DEFAULT_SPEEDUP:g}")
+    decode_speedup: float = field_like(EngineSettings, "decode_speedup_ratio",
+                                       default=DEFAULT_DECODE_SPEEDUP,
+                                       help="Extra decode speedup ratio.", flag=None,
+                                       metavar="R",
+                                       default_text=f"{DEFAULT_DECODE_SPEEDUP:g}")
+    stream_interval: int = field_like(EngineSettings, "stream_interval")
+    restart_engine: RestartPolicy = setting(DEFAULT_RESTART_ENGINE, "Restart policy of engines.",
+                                            choices=RESTART_POLICIES)
+    restart_sidecar: RestartPolicy = setting(DEFAULT_RESTART_SIDECAR,
+                                             "Restart policy of sidecars.",
+                                             choices=RESTART_POLICIES)
     extra_mocker_args: list[str] = field(default_factory=list)
     extra_sidecar_args: list[str] = field(default_factory=list)  # e.g. ["--grace-period", "1"]
     host: str | None = None  # a key of TopologySpec.hosts; None = the root namespace
@@ -141,6 +185,9 @@ class FleetSpec:
     ray_resource: str | None = None
     #: with --ray: the labels of the Ray node it runs on (a label selector; {} = any node)
     ray_labels: dict[str, str] = field(default_factory=dict)
+
+    _check_ray_resource = field_validator("ray_resource")(_ray_resource)
+    _check_ray_labels = field_validator("ray_labels")(_ray_labels)
 
 
 # Keys of FleetSpec that a topology can set for all fleets at once.
@@ -156,19 +203,28 @@ FLEET_SETTINGS = (
 )
 
 
-@dataclass
+@pydantic.dataclasses.dataclass(config=_CONFIG)
 class TopologySpec:
-    name: str = DEFAULT_NAME
+    """What to launch. A field that is the frontend's setting is that setting (`field_like`)."""
+
+    name: str = Field(default=DEFAULT_NAME, pattern=r"^[A-Za-z0-9_.\-]+$",
+                      description="Run name (results/<timestamp>-<name>).")
     fleets: list[FleetSpec] = field(default_factory=lambda: [FleetSpec("aggregated")])
-    model: str = DEFAULT_MODEL
-    router: str = DEFAULT_ROUTER
+    model: str = field_like(FrontendSettings, "model_name", default=DEFAULT_MODEL,
+                            help="Model name served by engines and frontend.", flag="--model")
+    router: Router = field_like(FrontendSettings, "router", default=DEFAULT_ROUTER,
+                                help="Frontend routing policy.")
     sockets: SocketSettings = field(default_factory=SocketSettings)
-    frontend_port: int = 0
+    frontend_port: int = setting(0, "Frontend HTTP port (0 = the OS picks a free one).", ge=0,
+                                 le=65535, flag="--port")
     discovery: str | None = None  # None -> file:<run_dir>/discovery; "etcd" -> a local etcd
-    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
-    grace_s: float = DEFAULT_GRACE_S
-    migration_limit: int = DEFAULT_MIGRATION_LIMIT
-    enforce_disagg: bool = False
+    ready_timeout_s: float = setting(
+        DEFAULT_READY_TIMEOUT_S, "Every process must be ready within this time.", ge=0.1,
+        le=MAX_SECONDS, flag="--ready-timeout", metavar="SECONDS")
+    grace_s: float = setting(DEFAULT_GRACE_S, "Teardown: SIGTERM, wait this long, then SIGKILL.",
+                             ge=0, le=MAX_SECONDS, flag="--grace", metavar="SECONDS")
+    migration_limit: int = field_like(FrontendSettings, "migration_limit")
+    enforce_disagg: bool = field_like(FrontendSettings, "enforce_disagg")
     # a HuggingFace tokenizer.json (or a model directory holding one) for the frontend;
     # None: the frontend's word tokenizer
     tokenizer: str | None = None
@@ -181,24 +237,41 @@ class TopologySpec:
     #: with --ray: the labels of the Ray node the frontend runs on
     frontend_ray_labels: dict[str, str] = field(default_factory=dict)
 
+    _check_ray_resource = field_validator("frontend_ray_resource")(_ray_resource)
+    _check_ray_labels = field_validator("frontend_ray_labels")(_ray_labels)
+
+    @field_validator("model")
+    @classmethod
+    def _model_named(cls, value: str) -> str:
+        if not value:
+            raise ValueError("expected a non-empty string")
+        return value
+
+    @field_validator("discovery")
+    @classmethod
+    def _discovery_spec(cls, value: str | None) -> str | None:
+        if value is not None and not _discovery_ok(value):
+            raise ValueError(f"{value!r}: expected file:DIR, etcd://HOST:PORT[/prefix], or "
+                             "etcd (a local etcd for the run)")
+        return value
+
     # -- constructors -------------------------------------------------------------------------
 
     @classmethod
     def aggregated(cls, engines: int = 1, **settings: Any) -> TopologySpec:
         """`engines` aggregated engines; settings are TopologySpec fields or fleet settings."""
         fleet_kw, topo_kw = _split_settings(settings)
-        spec = cls(fleets=[FleetSpec("aggregated", count=engines, **fleet_kw)], **topo_kw)
+        fleets = [_built(FleetSpec, dict(role="aggregated", count=engines, **fleet_kw))]
+        spec = _built(cls, dict(fleets=fleets, **topo_kw))
         spec.validate()
         return spec
 
     @classmethod
     def disaggregated(cls, prefill: int = 1, decode: int = 1, **settings: Any) -> TopologySpec:
         fleet_kw, topo_kw = _split_settings(settings)
-        fleets = [
-            FleetSpec("prefill", count=prefill, **_copy(fleet_kw)),
-            FleetSpec("decode", count=decode, **_copy(fleet_kw)),
-        ]
-        spec = cls(fleets=fleets, **topo_kw)
+        fleets = [_built(FleetSpec, dict(role=role, count=count, **_copy(fleet_kw)))
+                  for role, count in (("prefill", prefill), ("decode", decode))]
+        spec = _built(cls, dict(fleets=fleets, **topo_kw))
         spec.validate()
         return spec
 
@@ -226,9 +299,10 @@ class TopologySpec:
     def from_dict(cls, data: dict[str, Any]) -> TopologySpec:
         """Inverse of to_dict (used for state.json / the detached supervisor)."""
         data = dict(data)
-        fleets = [FleetSpec(**f) for f in data.pop("fleets", [])]
-        sockets = SocketSettings(**data.pop("sockets", {}))
-        spec = cls(fleets=fleets or [FleetSpec("aggregated")], sockets=sockets, **data)
+        fleets = [_built(FleetSpec, f) for f in data.pop("fleets", [])]
+        sockets = _built(SocketSettings, data.pop("sockets", {}))
+        spec = _built(cls, dict(fleets=fleets or [FleetSpec("aggregated")], sockets=sockets,
+                                **data))
         spec.validate()
         return spec
 
@@ -310,6 +384,31 @@ class TopologySpec:
 def _copy(kw: dict[str, Any]) -> dict[str, Any]:
     return {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
             for k, v in kw.items()}
+
+
+def _problem(err: Any, known: Any = ()) -> str:
+    """One pydantic error as the topology says it: what is wrong, and the value given."""
+    if err["type"] == "extra_forbidden":
+        return f"unknown key (known: {', '.join(sorted(known))})"
+    if err["type"] == "missing":
+        return "missing key"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return msg if "input" not in err or repr(err["input"]) in msg else (
+        f"{msg}, got {err['input']!r}")
+
+
+def _fields(cls: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _built(cls: Any, kwargs: dict[str, Any]) -> Any:
+    """cls(**kwargs), its first refused value a TopologyError naming the key."""
+    try:
+        return cls(**kwargs)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "topology"
+        raise TopologyError(f"{key}: {_problem(err, _fields(cls))}") from None
 
 
 def _split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -394,60 +493,37 @@ class _Locator:
         return TopologyError(f"{where}{dotted or 'topology'}: {problem}")
 
 
-_TOP_KEYS = {f.name for f in dataclasses.fields(TopologySpec)} - {"fleets"}
+_TOP_KEYS = set(_fields(TopologySpec)) - {"fleets"}
 _TOML_TOP_KEYS = (_TOP_KEYS | set(FLEET_SETTINGS) | {"fleet"})
-_FLEET_KEYS = {f.name for f in dataclasses.fields(FleetSpec)}
-_SOCKET_KEYS = {f.name for f in dataclasses.fields(SocketSettings)}
+
+
+def _from_file(cls: Any, kwargs: dict[str, Any], loc: _Locator,
+               keypath: Any = lambda key: (key,)) -> Any:
+    """cls(**kwargs) from a TOML table, its first refused value a TopologyError naming the
+    file, the line and the key (`keypath`: a field -> where it is written)."""
+    try:
+        return cls(**kwargs)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_name, *inner = err["loc"] or ("",)
+        where = (*keypath(str(field_name)), *inner) if field_name else ()
+        raise loc.error(where, _problem(err, _fields(cls))) from None
 
 
 def _from_mapping(data: dict[str, Any], loc: _Locator) -> TopologySpec:
+    """The spec of a TOML file's table: every value checked as the fields define it."""
     for key in data:
         if key not in _TOML_TOP_KEYS:
             raise loc.error((key,), f"unknown key (known: {', '.join(sorted(_TOML_TOP_KEYS))})")
     sockets_data = data.get("sockets", {})
     if not isinstance(sockets_data, dict):
         raise loc.error(("sockets",), "expected a table")
-    for key in sockets_data:
-        if key not in _SOCKET_KEYS:
-            raise loc.error(
-                ("sockets", key), f"unknown key (known: {', '.join(sorted(_SOCKET_KEYS))})"
-            )
+    sockets = _from_file(SocketSettings, sockets_data, loc, lambda key: ("sockets", key))
     defaults = {k: data[k] for k in FLEET_SETTINGS if k in data}
     fleets_data = data.get("fleet", [{"role": "aggregated"}])
     if not isinstance(fleets_data, list):
         raise loc.error(("fleet",), "expected an array of tables ([[fleet]])")
-    fleets: list[FleetSpec] = []
-    for index, entry in enumerate(fleets_data):
-        if not isinstance(entry, dict):
-            raise loc.error(("fleet", index), "expected a table")
-        for key in entry:
-            if key not in _FLEET_KEYS:
-                raise loc.error(
-                    ("fleet", index, key), f"unknown key (known: {', '.join(sorted(_FLEET_KEYS))})"
-                )
-        if "role" not in entry:
-            raise loc.error(("fleet", index), "missing key 'role' (aggregated|prefill|decode)")
-        merged = {**_copy(defaults), **entry}
-        if isinstance(defaults.get("engine_args"), dict) and isinstance(
-            entry.get("engine_args"), dict
-        ):
-            merged["engine_args"] = {**defaults["engine_args"], **entry["engine_args"]}
-        fleets.append(FleetSpec(**merged))
-    topo = {k: data[k] for k in _TOP_KEYS if k in data and k != "sockets"}
-    spec = TopologySpec(fleets=fleets, **topo)
-    # sockets last: wrong types are reported by the validator with their key
-    spec.sockets = SocketSettings(**{**dataclasses.asdict(SocketSettings()), **sockets_data})
-    _validate_topology(spec, loc, fleets_from_file="fleet" in data, defaults=defaults)
-    return spec
-
-
-def _validate_topology(
-    spec: TopologySpec,
-    loc: _Locator,
-    fleets_from_file: bool = True,
-    defaults: dict[str, Any] | None = None,
-) -> None:
-    defaults = defaults or {}
+    fleets_from_file = "fleet" in data
 
     def fleet_key(index: int, key: str) -> tuple[str | int, ...]:
         # a fleet value that came from a top-level default is reported at the default's line
@@ -455,39 +531,38 @@ def _validate_topology(
             return (key,)
         return ("fleet", index, key)
 
-    _check_str(spec.name, ("name",), loc)
-    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", spec.name):
-        raise loc.error(("name",), f"{spec.name!r}: use letters, digits, '.', '_' or '-'")
-    _check_str(spec.model, ("model",), loc)
-    if spec.router not in ROUTERS:
-        raise loc.error(("router",), f"{spec.router!r}: expected one of {', '.join(ROUTERS)}")
-    _check_int(spec.frontend_port, ("frontend_port",), loc, 0, 65535)
-    if spec.discovery is not None:
-        _check_str(spec.discovery, ("discovery",), loc)
-        if not _discovery_ok(spec.discovery):
-            raise loc.error(("discovery",), f"{spec.discovery!r}: expected file:DIR, "
-                            "etcd://HOST:PORT[/prefix], or etcd (a local etcd for the run)")
-    _check_number(spec.ready_timeout_s, ("ready_timeout_s",), loc, minimum=0.1)
-    _check_number(spec.grace_s, ("grace_s",), loc, minimum=0)
-    _check_int(spec.migration_limit, ("migration_limit",), loc, 0, 1000)
-    _check_bool(spec.enforce_disagg, ("enforce_disagg",), loc)
+    fleets: list[FleetSpec] = []
+    for index, entry in enumerate(fleets_data):
+        if not isinstance(entry, dict):
+            raise loc.error(("fleet", index), "expected a table")
+        if "role" not in entry:
+            raise loc.error(("fleet", index), "missing key 'role' (aggregated|prefill|decode)")
+        merged = {**_copy(defaults), **entry}
+        if isinstance(defaults.get("engine_args"), dict) and isinstance(
+            entry.get("engine_args"), dict
+        ):
+            merged["engine_args"] = {**defaults["engine_args"], **entry["engine_args"]}
+        fleets.append(_from_file(FleetSpec, merged, loc,
+                                 lambda key, i=index: fleet_key(i, key)))
+    topo = {k: data[k] for k in _TOP_KEYS if k in data and k != "sockets"}
+    spec = _from_file(TopologySpec, dict(fleets=fleets, sockets=sockets, **topo), loc)
+    _validate_topology(spec, loc, fleet_key)
+    return spec
+
+
+def _validate_topology(spec: TopologySpec, loc: _Locator,
+                       fleet_key: Any = lambda index, key: ("fleet", index, key)) -> None:
+    """What no single field can check: the fleets together, the hosts they name, the Ray
+    placement, the tokenizer file on this machine (each value itself was checked as it was
+    set; a spec for another machine, e.g. a pod's, is built without this check)."""
     if spec.tokenizer is not None:
-        _check_str(spec.tokenizer, ("tokenizer",), loc)
         from lab.shared.hf_tokenizer import TokenizerFileError, tokenizer_json
 
         try:
             tokenizer_json(spec.tokenizer)
         except TokenizerFileError as exc:
             raise loc.error(("tokenizer",), str(exc)) from None
-    if not _str_list(spec.extra_frontend_args):
-        raise loc.error(("extra_frontend_args",), "expected a list of strings")
-    sockets = spec.sockets
-    for key in ("client_nodelay", "server_nodelay", "split_writes", "http_nodelay"):
-        _check_bool(getattr(sockets, key), ("sockets", key), loc)
-    _check_int(sockets.pool_size, ("sockets", "pool_size"), loc, 1, 1024)
     _validate_hosts(spec, loc)
-    _check_ray_resource(spec.frontend_ray_resource, ("frontend_ray_resource",), loc)
-    _check_ray_labels(spec.frontend_ray_labels, ("frontend_ray_labels",), loc)
     if spec.frontend_host is not None and RayPlace.of(spec.frontend_ray_resource,
                                                       spec.frontend_ray_labels):
         raise loc.error(("frontend_host",), "the frontend runs in a host or on a Ray node "
@@ -495,32 +570,7 @@ def _validate_topology(
     if not spec.fleets:
         raise loc.error(("fleet",), "at least one fleet is needed")
     for index, fleet in enumerate(spec.fleets):
-        if fleet.role not in ROLES:
-            raise loc.error(
-                ("fleet", index, "role"), f"{fleet.role!r}: expected one of {', '.join(ROLES)}"
-            )
-        _check_int(fleet.count, ("fleet", index, "count"), loc, 1, 256)
-        if not isinstance(fleet.engine_args, dict):
-            raise loc.error(fleet_key(index, "engine_args"), "expected a table / JSON object")
-        _check_number(fleet.speedup, fleet_key(index, "speedup"), loc, minimum=0,
-                      maximum=sys.float_info.max)
-        _check_number(fleet.decode_speedup, fleet_key(index, "decode_speedup"), loc, minimum=0,
-                      maximum=sys.float_info.max)
-        _check_int(fleet.stream_interval, fleet_key(index, "stream_interval"), loc, 1,
-                   MAX_STREAM_INTERVAL)
-        for key in ("restart_engine", "restart_sidecar"):
-            value = getattr(fleet, key)
-            if value not in RESTART_POLICIES:
-                raise loc.error(
-                    fleet_key(index, key),
-                    f"{value!r}: expected one of {', '.join(RESTART_POLICIES)}",
-                )
-        for key in ("extra_mocker_args", "extra_sidecar_args"):
-            if not _str_list(getattr(fleet, key)):
-                raise loc.error(fleet_key(index, key), "expected a list of strings")
         _check_host_ref(spec, fleet.host, fleet_key(index, "host"), loc)
-        _check_ray_resource(fleet.ray_resource, fleet_key(index, "ray_resource"), loc)
-        _check_ray_labels(fleet.ray_labels, fleet_key(index, "ray_labels"), loc)
         if fleet.host is not None and RayPlace.of(fleet.ray_resource, fleet.ray_labels):
             raise loc.error(fleet_key(index, "host"), "a fleet runs in a host or on a Ray node "
                             "(ray_resource), not both")
@@ -565,32 +615,6 @@ def _check_host_ref(spec: TopologySpec, host: Any, key: tuple, loc: _Locator) ->
         raise loc.error(key, f"{host!r}: unknown host (hosts: {known})")
 
 
-#: A Ray custom resource name, as `ray start --resources` takes it.
-_RAY_RESOURCE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
-
-
-def _check_ray_resource(value: Any, key: tuple, loc: _Locator) -> None:
-    if value is None:
-        return
-    if not isinstance(value, str) or not _RAY_RESOURCE.fullmatch(value) or value in (
-            "CPU", "GPU", "memory", "object_store_memory"):
-        raise loc.error(key, f"{value!r}: expected a custom resource name (letters, digits, "
-                        "'_', '.', '-'; not CPU/GPU/memory)")
-
-
-#: A Ray node label's key (`ray start --labels`; Kubernetes-style, an optional prefix/).
-_RAY_LABEL_KEY = re.compile(r"([a-z0-9.\-]{1,253}/)?[A-Za-z0-9]([A-Za-z0-9_.\-]{0,61}[A-Za-z0-9])?")
-
-
-def _check_ray_labels(value: Any, key: tuple, loc: _Locator) -> None:
-    if not isinstance(value, dict):
-        raise loc.error(key, 'expected a table of label = "value"')
-    for name, label in value.items():
-        if not _RAY_LABEL_KEY.fullmatch(name) or not isinstance(label, str) or not label:
-            raise loc.error(key, f"{name!r} = {label!r}: expected a label key (letters, digits, "
-                            "'_', '.', '-') and a non-empty string value")
-
-
 def _check_system(spec: TopologySpec, loc: _Locator) -> None:
     """Refuse hosts this machine cannot provide (namespaces, netem); no-op without hosts."""
     if not spec.hosts:
@@ -609,35 +633,9 @@ def _check_system(spec: TopologySpec, loc: _Locator) -> None:
             raise TopologyError(f"{loc.where(*keys, ('hosts', name))}{exc}") from None
 
 
-def _str_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(a, str) for a in value)
-
-
 def _discovery_ok(spec: str) -> bool:
     if spec == "etcd":
         return True
     if spec.startswith("file:"):
         return len(spec) > len("file:")
     return re.fullmatch(r"etcd://[^/:\s]+:\d{1,5}(/\S*)?", spec) is not None
-
-
-def _check_str(value: Any, key: tuple, loc: _Locator) -> None:
-    if not isinstance(value, str) or not value:
-        raise loc.error(key, f"expected a non-empty string, got {value!r}")
-
-
-def _check_bool(value: Any, key: tuple, loc: _Locator) -> None:
-    if not isinstance(value, bool):
-        raise loc.error(key, f"expected true or false, got {value!r}")
-
-
-def _check_int(value: Any, key: tuple, loc: _Locator, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise loc.error(key, f"expected an integer in [{low}, {high}], got {value!r}")
-
-
-def _check_number(value: Any, key: tuple, loc: _Locator, minimum: float,
-                  maximum: float = MAX_SECONDS) -> None:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not minimum <= value <= maximum):  # nan fails both comparisons
-        raise loc.error(key, f"expected a number in [{minimum:g}, {maximum:g}], got {value!r}")

@@ -2,10 +2,10 @@
 settings model (lab.shared.config_cli): each field is one flag.
 
 Every field defaults to None ("not given"), so that a flag overrides a value from `--topology
-FILE.toml` only when the user passed it; the real defaults live in one place (launch.topology,
-the processes' settings models) and --help shows them from there. A field that is a process's
-own setting (`--stream-interval`, `--migration-limit`, the socket switches) is that process's
-field (`given_or_default`): the same bounds and help.
+FILE.toml` only when the user passed it. A field that sets a topology value is that value's
+field (`given_or_default` of `launch.topology.FleetSpec`, `TopologySpec` or `SocketSettings`,
+which are themselves the processes' settings where they are one, e.g. `--stream-interval` is
+`EngineSettings.stream_interval`): the same name, bounds, help and default, defined once.
 """
 
 from __future__ import annotations
@@ -14,37 +14,21 @@ from pathlib import Path
 
 import click
 
-from lab.shared.config_cli import MAX_SECONDS, Settings, given_or_default, setting
-from lab.shared.engine_settings import EngineSettings
+from lab.shared.config_cli import Settings, given_or_default, setting
 from lab.shared.frontend_settings import FrontendSettings
+from lab.shared.settings import SocketSettings
 from lab.shared.sidecar_settings import SidecarSettings
-from launch.topology import (
-    DEFAULT_DECODE_SPEEDUP,
-    DEFAULT_GRACE_S,
-    DEFAULT_NAME,
-    DEFAULT_READY_TIMEOUT_S,
-    DEFAULT_RESTART_ENGINE,
-    DEFAULT_RESTART_SIDECAR,
-    DEFAULT_SPEEDUP,
-    RESTART_POLICIES,
-)
+from launch.topology import FleetSpec, TopologySpec
 
-#: The most engines one fleet may have from the command line.
-MAX_FLEET = 256
-_SPLIT = FrontendSettings.model_fields["split_writes"].default
+_SPLIT = SocketSettings().split_writes
 
 
 def _fleet_size(help: str) -> int | None:
-    return setting(None, help, ge=1, le=MAX_FLEET, default_text="1")
+    return given_or_default(FleetSpec, "count", help, default_text="1")
 
 
 def _engine_args(help: str, default_text: str | None = None) -> str | None:
     return setting(None, help, metavar="JSON|FILE", default_text=default_text)
-
-
-def _restart(what: str, default: str) -> str | None:
-    return setting(None, f"Restart policy of {what}.", choices=RESTART_POLICIES,
-                   default_text=default)
 
 
 class TopologySettings(Settings):
@@ -59,21 +43,16 @@ class TopologySettings(Settings):
         None, "Disaggregated: prefill and decode fleets (see --prefill/--decode).")
     prefill: int | None = _fleet_size("Prefill engines (implies --disagg).")
     decode: int | None = _fleet_size("Decode engines (implies --disagg).")
-    speedup: float | None = given_or_default(
-        EngineSettings, "speedup_ratio", "Engine speedup ratio (0 = no simulated time).",
-        flag="--speedup", metavar="R", default_text=f"{DEFAULT_SPEEDUP:g}")
-    decode_speedup: float | None = given_or_default(
-        EngineSettings, "decode_speedup_ratio", "Extra decode speedup ratio.",
-        flag="--decode-speedup", metavar="R", default_text=f"{DEFAULT_DECODE_SPEEDUP:g}")
-    stream_interval: int | None = given_or_default(EngineSettings, "stream_interval")
+    speedup: float | None = given_or_default(FleetSpec, "speedup")
+    decode_speedup: float | None = given_or_default(FleetSpec, "decode_speedup")
+    stream_interval: int | None = given_or_default(FleetSpec, "stream_interval")
     engine_args: str | None = _engine_args(
         "Engine arguments for every engine (JSON object or a JSON file).", "{}")
     prefill_engine_args: str | None = _engine_args(
         "Engine arguments for prefill engines, over --engine-args.")
     decode_engine_args: str | None = _engine_args(
         "Engine arguments for decode engines, over --engine-args.")
-    router: str | None = given_or_default(FrontendSettings, "router",
-                                          "Frontend routing policy.")
+    router: str | None = given_or_default(TopologySpec, "router")
     client_nodelay: bool | None = given_or_default(
         FrontendSettings, "client_nodelay", "TCP_NODELAY on the frontend's request-plane sockets.")
     server_nodelay: bool | None = given_or_default(
@@ -87,33 +66,25 @@ class TopologySettings(Settings):
     http_nodelay: bool | None = given_or_default(
         FrontendSettings, "http_nodelay", "TCP_NODELAY on the frontend's accepted HTTP "
         "connections.")
-    port: int | None = setting(
-        None, "Frontend HTTP port (0 = the OS picks a free one).", ge=0, le=65535,
-        default_text="0")
+    frontend_port: int | None = given_or_default(TopologySpec, "frontend_port")
     discovery: str | None = setting(
         None, "Discovery store: file:DIR, etcd://HOST:PORT[/prefix], or etcd (start a local "
         "etcd for the run).", metavar="SPEC", default_text="file:<run dir>/discovery")
-    restart_engine: str | None = _restart("engines", DEFAULT_RESTART_ENGINE)
-    restart_sidecar: str | None = _restart("sidecars", DEFAULT_RESTART_SIDECAR)
-    model: str | None = given_or_default(
-        FrontendSettings, "model_name", "Model name served by engines and frontend.",
-        flag="--model")
+    restart_engine: str | None = given_or_default(FleetSpec, "restart_engine")
+    restart_sidecar: str | None = given_or_default(FleetSpec, "restart_sidecar")
+    model: str | None = given_or_default(TopologySpec, "model")
     tokenizer: str | None = setting(
         None, "A HuggingFace tokenizer.json, or a local model directory holding one (no hub "
         "access). The launched frontend tokenizes prompts and detokenizes output with it, and "
         "`lab sweep` builds prompts of exactly --isl tokens in it (with --target: only the "
         "prompts).", metavar="PATH",
         default_text="the frontend's word tokenizer, one token per word")
-    migration_limit: int | None = given_or_default(FrontendSettings, "migration_limit")
+    migration_limit: int | None = given_or_default(TopologySpec, "migration_limit")
     enforce_disagg: bool | None = given_or_default(
-        FrontendSettings, "enforce_disagg",
+        TopologySpec, "enforce_disagg",
         "Frontend: fail requests instead of falling back when no prefill worker is up.",
         negation="--no-enforce-disagg")
-    name: str | None = setting(None, "Run name (results/<timestamp>-<name>).",
-                               default_text=DEFAULT_NAME)
-    ready_timeout: float | None = setting(
-        None, "Every process must be ready within this time.", ge=0.1, le=MAX_SECONDS,
-        metavar="SECONDS", default_text=f"{DEFAULT_READY_TIMEOUT_S:g}")
-    grace: float | None = setting(
-        None, "Teardown: SIGTERM, wait this long, then SIGKILL.", ge=0, le=MAX_SECONDS,
-        metavar="SECONDS", default_text=f"{DEFAULT_GRACE_S:g}")
+    name: str | None = given_or_default(TopologySpec, "name")
+    ready_timeout_s: float | None = given_or_default(TopologySpec, "ready_timeout_s")
+    grace_s: float | None = given_or_default(TopologySpec, "grace_s")
+

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from lab.serve.frontend.cli import frontend
 from lab.serve.sidecar.cli import sidecar
-from lab.shared.config_cli import Settings, parse_settings
+from lab.shared.config_cli import Settings, option_names, parse_settings
 from lab.shared.engine_settings import ENGINE_SPEEDUP_DEFAULT_TEXT, EngineSettings
 from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.sidecar_settings import SidecarSettings
@@ -222,6 +222,27 @@ def test_the_topology_options_share_the_fields_bounds(args: list[str], named: st
     assert_usage_error(result.exit_code, result.output, named)
 
 
+def test_a_run_value_is_in_the_model_but_no_option() -> None:
+    """The load client runs on ClientSettings itself: what a sweep fills in per level
+    (duration_s, request_id_prefix, start_at_ns, http_nodelay) is a field, but no option of
+    `lab sweep` and never in an argv; the options are still parsed into the same model."""
+    from lab.commands.sweep import sweep
+    from lab.load.client_settings import ClientSettings
+
+    run_values = {"duration_s", "request_id_prefix", "start_at_ns", "http_nodelay"}
+    assert run_values <= set(ClientSettings.model_fields)
+    assert run_values.isdisjoint(option_names(ClientSettings))
+    flags = {opt for p in sweep.params for opt in p.opts}
+    assert not {"--duration-s", "--request-id-prefix", "--start-at-ns"} & flags
+    per_level = ClientSettings(timeout=5.0).model_copy(
+        update=dict(duration_s=1.5, request_id_prefix="c1-", start_at_ns=7))
+    assert per_level.to_argv() == ["--timeout", "5.0"]
+    with sweep.make_context("sweep", ["--timeout", "5", "--client-procs", "2"]) as ctx:
+        parsed = parse_settings(ClientSettings, ctx.params)
+    assert (parsed.timeout, parsed.client_procs, parsed.duration_s) == (5.0, 2, None)
+    assert parsed.http_nodelay is True  # the topology's --http-nodelay is not the client's
+
+
 def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path) -> None:
     """The client's CPU and loop-lag figures are its own only in a process of its own."""
     lab = str(Path(sys.executable).parent / "lab")
@@ -234,7 +255,8 @@ def test_a_sweep_runs_its_client_in_a_child_process_unless_asked(tmp_path: Path)
             capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         config = json.loads((out / "config.json").read_text())
-        assert config["sweep"]["client"]["isolate"] is isolated, config["sweep"]["client"]
+        assert config["sweep"]["client"]["in_process_client"] is not isolated, \
+            config["sweep"]["client"]
 
 
 # --- the commands that launch or drive the processes: `lab sweep`, `lab up`, `lab nagle` ---
@@ -291,10 +313,10 @@ def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
             decode_speedup=2.5, stream_interval=4, engine_args='{"max_num_seqs":3}',
             prefill_engine_args='{"max_num_seqs":4}', decode_engine_args='{"max_num_seqs":5}',
             router="random", client_nodelay=False, server_nodelay=True, split_writes=False,
-            pool_size=5, http_nodelay=False, port=8123, discovery="etcd",
+            pool_size=5, http_nodelay=False, frontend_port=8123, discovery="etcd",
             restart_engine="on-failure", restart_sidecar="never", model="m-5",
             tokenizer=str(tokenizer), migration_limit=3, enforce_disagg=False, name="n-1",
-            ready_timeout=12.5, grace=0.5)],
+            ready_timeout_s=12.5, grace_s=0.5)],
         "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup",
                             ray="127.0.0.1:6379")],
         "NagleSettings": [dict(
@@ -314,7 +336,7 @@ def test_every_command_field_reaches_its_command(model: type[Settings], tmp_path
     command = _command_models()[model]
     instances = command_values(tmp_path)[model.__name__]
     given = {name for values in instances for name in values}
-    assert given == set(model.model_fields), "give every field a non-default value"
+    assert given == set(option_names(model)), "give every option a non-default value"
     for values in instances:
         for name, value in values.items():
             assert value != model.model_fields[name].default, name

@@ -187,11 +187,11 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     from lab.fidelity.fit import engine_args, fit_profile, write_profile
     from lab.fidelity.fit_report import fit_markdown
     from lab.fidelity.pass_fit import fit_linear, linear_engine_args
-    from lab.load.client import ClientOptions
+    from lab.load.client_settings import ClientSettings
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
 
-    client = ClientOptions(timeout_s=kw["timeout_s"], isolate=not kw["in_process_client"])
+    client = ClientSettings(timeout=kw["timeout_s"], in_process_client=kw["in_process_client"])
     progress = LineProgress(quiet=kw["quiet"])
     try:
         results, lab_path = uvloop.run(measure(run_dir, url, model, probe_set, workload, kw,

@@ -22,7 +22,7 @@ from lab.load.conversation_settings import ConversationSettings
 from lab.load.ray_settings import RaySettings
 from lab.load.trace_settings import TraceSettings
 from lab.open_loop.arrival_settings import ArrivalSettings
-from lab.shared.config_cli import options
+from lab.shared.config_cli import flag_of, options
 from lab.sweep.shard import ShardPlan, ShardSettings, plan_shard
 from lab.sweep.shard import start as shard_start
 from lab.sweep.sweep_settings import (
@@ -36,6 +36,7 @@ from lab.sweep.target import target_or_exit, workload_from_options
 from launch.cli_options import TOPOLOGY_OPTION_NAMES, spec_from_options, topology_options
 from launch.faults import ENGINE_ONLY
 from launch.topology import TopologySpec
+from launch.topology_settings import TopologySettings
 
 if TYPE_CHECKING:  # lab.load.sweep imports pandas: not for `lab sweep --help`
     from collections.abc import Iterator
@@ -80,7 +81,7 @@ def _check_target_mode(settings: SweepSettings, topology: dict[str, Any]) -> Non
         given = sorted(k for k in TOPOLOGY_OPTION_NAMES - _TARGET_OK
                        if topology.get(k) is not None)
         if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            flags = ", ".join(flag_of(TopologySettings, k) for k in given)
             raise click.UsageError(f"{flags}: topology options have no effect with --target "
                                    "(nothing is launched)")
         if settings.faults:
@@ -160,7 +161,7 @@ def sweep(settings: SweepSettings, client: ClientSettings, arrival: ArrivalSetti
     plan = SweepPlan(
         concurrency=[] if arrival.rate else concs, workload=workload,
         requests=settings.requests, duration_s=settings.duration, warmup=settings.warmup,
-        repeat=settings.repeat, client=client.to_options(),
+        repeat=settings.repeat, client=client,
         rates=arrival.rates, rate_auto=arrival.auto, arrival=arrival.process,
         max_concurrency=arrival.max_concurrency,
         share=shard_plan.share() if shard_plan is not None else None,

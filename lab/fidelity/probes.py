@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.load.client import ClientOptions
+from lab.load.client_settings import ClientSettings
 from lab.load.sweep import LineProgress, SweepPlan, SweepRunner
 from lab.load.workload import WorkloadSpec
 
@@ -279,7 +279,7 @@ def workload_of(probe: Probe, base: WorkloadSpec) -> WorkloadSpec:
 
 
 async def run_probe(probe: Probe, url: str, model: str, base: WorkloadSpec, out_dir: Path,
-                    client: ClientOptions, progress: LineProgress) -> ProbeResult:
+                    client: ClientSettings, progress: LineProgress) -> ProbeResult:
     """Run one probe as a one-level sweep into `out_dir` and read its medians back."""
     out_dir.mkdir(parents=True, exist_ok=False)
     plan = SweepPlan(concurrency=[probe.concurrency], workload=workload_of(probe, base),
@@ -304,7 +304,7 @@ async def run_probe(probe: Probe, url: str, model: str, base: WorkloadSpec, out_
 
 
 async def run_probes(probes: list[Probe], url: str, model: str, base: WorkloadSpec,
-                     out_dir: Path, client: ClientOptions, progress: LineProgress,
+                     out_dir: Path, client: ClientSettings, progress: LineProgress,
                      say: Callable[[str], None],
                      after: Callable[[Probe], Awaitable[None]] | None = None
                      ) -> list[ProbeResult]:

@@ -33,12 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
 
 from lab.load.cancel import CancelPlan
+from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse, parse_response
@@ -54,34 +55,6 @@ PREBUILD_THREADS = 2
 PREBUILD_PROBE = 8
 THREADED_BUILD_S = 0.0005
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-
-
-@dataclass
-class ClientOptions:
-    fresh_connection: bool = False  # a new TCP connection per request (force_close)
-    gap_ms: float = 0.0  # idle time between a slot's response end and its next request
-    timeout_s: float = 600.0  # per-request total timeout
-    http_nodelay: bool = True  # TCP_NODELAY on the client's HTTP sockets
-    procs: int = 1  # client processes the level is spread over
-    duration_s: float | None = None  # timed level: stop claiming new requests after this long
-    request_id_prefix: str = ""  # request_id = prefix + index (also sent as X-Request-Id)
-    # run even a single client process as a child, so its CPU and loop-lag figures are its own
-    # (not shared with whatever else the calling process runs, e.g. the launcher)
-    isolate: bool = False
-    # start the level at this perf_counter_ns (system-wide on Linux), if the client is ready by
-    # then: N client shards that met at a barrier start their first level together
-    start_at_ns: int | None = None
-    # --ramp-up: a closed-loop level starts its slots spread over this long; what is claimed
-    # before it ends is warm-up, and `after_ramp` more requests are sent after it (the bodies
-    # are then an endless lazy set, built on demand; docs/open-loop.md "Ramp-up")
-    ramp_up_s: float = 0.0
-    after_ramp: int | None = None
-    # --cancel: the requests the client leaves mid-stream, and when (lab.load.cancel)
-    cancel: CancelPlan | None = None
-
-    def cancels(self) -> CancelPlan | None:
-        """The cancel plan when it cancels anything (None: the plain send path)."""
-        return self.cancel if self.cancel is not None and self.cancel.fraction > 0 else None
 
 
 def arm_cancel(plan: CancelPlan | None, conn: Http1Connection, raw: RawResponse,
@@ -120,11 +93,11 @@ class RemoteClients(Protocol):
     what `run_level` and `open_loop.run_rate_level` hand a level to instead of spawning."""
 
     async def closed(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                     options: ClientOptions, progress: Callable[[LevelProgress], None] | None
+                     options: ClientSettings, progress: Callable[[LevelProgress], None] | None
                      ) -> tuple[list[RequestRecord], list[dict]]: ...
 
     async def open(self, url: str, payloads: _Payloads, offsets: Any, warmup: int,
-                   options: ClientOptions, cap: int | None, streams: Any,
+                   options: ClientSettings, cap: int | None, streams: Any,
                    progress: Callable[[LevelProgress], None] | None
                    ) -> tuple[list[RequestRecord], list[dict]]: ...
 
@@ -174,14 +147,14 @@ def build_record(raw: RawResponse, sent: Sent, *, prefix: str, warmup: bool, pro
     return rec
 
 
-async def connect_for(origin: Origin, options: ClientOptions,
+async def connect_for(origin: Origin, options: ClientSettings,
                       raw: RawResponse) -> Http1Connection | None:
     """A new connection for the request `raw` is for, or None with `raw` failed: its error
     (`timeout` or `connect`, the message naming the origin) and its end stamped. Every driver
     (closed loop, open loop, conversations) connects through here, so a failed connect is the
     same row whichever sent it."""
     try:
-        return await connect(origin, nodelay=options.http_nodelay, timeout_s=options.timeout_s)
+        return await connect(origin, nodelay=options.http_nodelay, timeout_s=options.timeout)
     except TimeoutError as exc:
         raw.error_kind, raw.error_message = "timeout", f"connect: no connection: {exc!r}"
     except OSError as exc:
@@ -197,7 +170,7 @@ class RecordBook:
     cross-process counters, when given: mp.Values the parent reports progress from), and the
     event loop's lags (a LOOP_LAG_INTERVAL_S ticker's oversleep, ns)."""
 
-    def __init__(self, options: ClientOptions, warmup: int, proc: int,
+    def __init__(self, options: ClientSettings, warmup: int, proc: int,
                  shared_done: Any = None, shared_errors: Any = None) -> None:
         self.options = options
         self.warmup = warmup
@@ -340,7 +313,7 @@ class _Driver(RecordBook):
     """One process's share of a level: `concurrency` slot tasks over a shared index counter."""
 
     def __init__(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                 options: ClientOptions, shared: _Shared | None = None, proc: int = 0,
+                 options: ClientSettings, shared: _Shared | None = None, proc: int = 0,
                  indices: Sequence[int] | None = None) -> None:
         super().__init__(options, warmup, proc, shared.done if shared else None,
                          shared.errors if shared else None)
@@ -505,7 +478,7 @@ class _Slot:
         if i is not None:
             payload = d.payloads.get(i)  # before the send stamp (see `_Payloads`)
             self._write(conn, i, payload, raw.done_ns or time.perf_counter_ns(),
-                        RawResponse(sent_ns=time.perf_counter_ns()), d.options.timeout_s)
+                        RawResponse(sent_ns=time.perf_counter_ns()), d.options.timeout)
         else:
             self.stalled = True
             self.free_ns = raw.done_ns or time.perf_counter_ns()
@@ -550,7 +523,7 @@ class _Slot:
                         conn = await self._connect(raw)
                     if conn is not None:
                         self.stalled = False
-                        remaining = d.options.timeout_s - (perf() - raw.sent_ns) / 1e9
+                        remaining = d.options.timeout - (perf() - raw.sent_ns) / 1e9
                         self._write(conn, i, payload, scheduled, raw, max(remaining, 1e-3))
                 except Exception as exc:  # never lose a request: anything unexpected is a row
                     raw.error_kind = "client_error"
@@ -585,7 +558,7 @@ class _Slot:
 
 # ----- several client processes -----
 
-def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options: ClientOptions,
+def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options: ClientSettings,
            proc: int, next_index: Any, done: Any, errors: Any, conn: Any, parent: int) -> None:
     import uvloop
 
@@ -655,18 +628,19 @@ START_DELAY_NS = 100_000_000
 
 
 async def _run_procs(url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                     options: ClientOptions, progress: Callable[[LevelProgress], None] | None
+                     options: ClientSettings, progress: Callable[[LevelProgress], None] | None
                      ) -> tuple[list[RequestRecord], list[dict]]:
     ctx = mp.get_context("spawn")
     next_index = ctx.Value("q", 0)
     done = ctx.Value("q", 0)
     errors = ctx.Value("q", 0)
-    shares = split_share(concurrency, options.procs)
+    shares = split_share(concurrency, options.client_procs)
     args = [(url, payloads, share, warmup, options, k, next_index, done, errors)
             for k, share in enumerate(shares)]
     if options.after_ramp is not None:  # each process sends its part after the ramp
         afters, warms = _spread(options.after_ramp, len(shares)), _spread(warmup, len(shares))
-        args = [(url, payloads, share, warms[k], replace(options, after_ramp=afters[k]), k,
+        args = [(url, payloads, share, warms[k],
+                 options.model_copy(update={"after_ramp": afters[k]}), k,
                  next_index, done, errors) for k, share in enumerate(shares)]
 
     def start_message(start_ns: int) -> tuple[int, int | None]:
@@ -747,7 +721,7 @@ def _recv(conn: Any, p: Any, stop: threading.Event) -> Any:
 
 
 async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmup: int = 0,
-                    options: ClientOptions | None = None,
+                    options: ClientSettings | None = None,
                     progress: Callable[[LevelProgress], None] | None = None,
                     remote: RemoteClients | None = None) -> LevelResult:
     """Run one closed-loop level: all of `bodies` (or, with options.duration_s, as many as fit)
@@ -757,9 +731,9 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     messages -> /v1/chat/completions) or a full endpoint URL.
     Records come back sorted by index (stamps and counts, no millisecond figure); `procs`
     holds each client process's own measurements (ns stamps, CPU seconds). With `remote`
-    the level runs on its client processes (`options.procs` is theirs to decide).
+    the level runs on its client processes (`options.client_procs` is theirs to decide).
     """
-    options = options or ClientOptions()
+    options = options or IN_PROCESS
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1 (got {concurrency})")
     payloads = _Payloads(bodies)
@@ -768,7 +742,7 @@ async def run_level(url: str, bodies: Sequence[dict], concurrency: int, *, warmu
     if remote is not None:
         records, infos = await remote.closed(url, payloads, concurrency, warmup, options,
                                              progress)
-    elif options.isolate or (options.procs > 1 and concurrency > 1):
+    elif not options.in_process_client or (options.client_procs > 1 and concurrency > 1):
         records, infos = await _run_procs(url, payloads, concurrency, warmup, options, progress)
     else:
         driver = _Driver(url, payloads, concurrency, warmup, options)

@@ -1,38 +1,38 @@
-"""The load client's settings on the command line (`lab sweep`), defined once: each field's default
-comes from `lab.load.client.ClientOptions`, and `to_options()` is what the client runs on."""
+"""The load client's settings, defined once: the options of `lab sweep` (each field one flag)
+and what the client runs on (`lab.load.client.run_level` takes this model itself). The values
+a sweep fills in per level (`duration_s`, `request_id_prefix`, `start_at_ns`) are fields too,
+but no option (`run_value`): the sweep sets them with `model_copy(update=...)`."""
 
 from __future__ import annotations
 
 from lab.load.cancel import FIRST, CancelPlan, parse_cancel_after
-from lab.load.client import ClientOptions
-from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, setting
+from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, run_value, setting
 
 #: The most requests in flight one level may ask for (--conc, --max-concurrency): each holds a
 #: connection and its buffers.
 MAX_CONCURRENCY = 10_000
 
-_DEFAULTS = ClientOptions()
 #: The most client processes one level may be spread over.
 MAX_CLIENT_PROCS = 256
 
 
 class ClientSettings(Settings):
-    """How `lab sweep`'s load client sends (per request and per process)."""
+    """How the load client sends (per request and per process)."""
 
     client_procs: int = setting(
-        _DEFAULTS.procs, "Spread each level over K client processes.", ge=1,
+        1, "Spread each level over K client processes.", ge=1,
         le=MAX_CLIENT_PROCS, metavar="K")
     fresh_connection: bool = setting(
-        _DEFAULTS.fresh_connection, "Open a new HTTP connection per request (default: "
+        False, "Open a new HTTP connection per request (default: "
         "keep-alive, one pool).")
     in_process_client: bool = setting(
         False, "Run the load client inside the sweep process (default: a child "
         "process, so the client's CPU and loop-lag figures are its own, not the launcher's).")
     gap_ms: float = setting(
-        _DEFAULTS.gap_ms, "Idle time between a slot's response and its next request.", ge=0,
+        0.0, "Idle time between a slot's response and its next request.", ge=0,
         le=MAX_SECONDS * 1000)
     timeout: float = setting(
-        _DEFAULTS.timeout_s, "Per-request timeout (also bounds the --target probe, at most "
+        600.0, "Per-request timeout (also bounds the --target probe, at most "
         "30 s).", gt=0, le=MAX_SECONDS, metavar="SECONDS")
     cancel: float = setting(
         0.0, "Close this fraction of the requests mid-stream, as users who leave do (chosen by "
@@ -43,9 +43,28 @@ class ClientSettings(Settings):
         "tokens) or 'Tms' (T ms after it was sent).", parse=parse_cancel_after, metavar="WHEN")
     cancel_seed: int = setting(0, "Seed of which requests --cancel picks.", ge=0, le=MAX_SEED)
 
-    def to_options(self) -> ClientOptions:
-        cancel = (CancelPlan(self.cancel, self.cancel_after, self.cancel_seed)
-                  if self.cancel > 0 else None)
-        return ClientOptions(fresh_connection=self.fresh_connection, gap_ms=self.gap_ms,
-                             timeout_s=self.timeout, procs=self.client_procs,
-                             isolate=not self.in_process_client, cancel=cancel)
+    http_nodelay: bool = run_value(True, "TCP_NODELAY on the client's HTTP sockets.")
+    duration_s: float | None = run_value(
+        None, "A timed level: stop claiming new requests after this long.")
+    request_id_prefix: str = run_value(
+        "", "request_id = prefix + index (also sent as X-Request-Id).")
+    start_at_ns: int | None = run_value(
+        None, "Start the level at this perf_counter_ns (system-wide on Linux), if the client "
+        "is ready by then: N client shards that met at a barrier start their first level "
+        "together.")
+    # --ramp-up: a closed-loop level starts its slots spread over this long; what is claimed
+    # before it ends is warm-up, and `after_ramp` more requests are sent after it (the bodies
+    # are then an endless lazy set, built on demand; docs/open-loop.md "Ramp-up")
+    ramp_up_s: float = run_value(0.0, "Spread a closed-loop level's slots over this long.")
+    after_ramp: int | None = run_value(None, "Requests a ramped level sends after its ramp.")
+
+    def cancels(self) -> CancelPlan | None:
+        """The --cancel plan when it cancels anything (None: the plain send path)."""
+        if self.cancel <= 0:
+            return None
+        return CancelPlan(self.cancel, self.cancel_after, self.cancel_seed)
+
+
+#: What a level runs on when its caller gives no settings: the defaults, in this process (a
+#: caller that measures the client's own CPU and loop lag passes settings of its own).
+IN_PROCESS = ClientSettings(in_process_client=True)

@@ -27,13 +27,13 @@ import orjson
 
 from lab.load.client import (
     _HEADERS,
-    ClientOptions,
     LevelProgress,
     LevelResult,
     RecordBook,
     connect_for,
     endpoint_url,
 )
+from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, post_request
 from lab.load.record import Sent
 from lab.load.sse import RawResponse
@@ -54,7 +54,7 @@ class Conversations:
 
 class _ConversationDriver(RecordBook):
     def __init__(self, url: str, spec: WorkloadSpec, model: str, level_seed: int,
-                 shape: Conversations, options: ClientOptions, warmup: int) -> None:
+                 shape: Conversations, options: ClientSettings, warmup: int) -> None:
         super().__init__(options, warmup, 0)  # warmup: conversations (all their turns)
         self.spec = spec
         self.model = model
@@ -118,7 +118,7 @@ class _ConversationDriver(RecordBook):
 
         rid = b"X-Request-Id: %s%d\r\n" % (opts.request_id_prefix.encode(), index)
         conn.request(post_request(self.head, rid, data), raw, streaming, on_response,
-                     opts.timeout_s)
+                     opts.timeout)
         conn = await done
         return None if conn.closed else conn
 
@@ -127,13 +127,13 @@ async def run_conversation_level(url: str, spec: WorkloadSpec, model: str, level
                                  shape: Conversations, n: int, *,
                                  concurrency: int | None = None,
                                  offsets_ns: np.ndarray | None = None, rate: float | None = None,
-                                 warmup: int = 0, options: ClientOptions | None = None,
+                                 warmup: int = 0, options: ClientSettings | None = None,
                                  progress: Callable[[LevelProgress], None] | None = None
                                  ) -> LevelResult:
     """`n` conversations: `concurrency` at a time (closed loop), or each starting at its
     `offsets_ns` entry after the level's start (open loop, `rate` the offered one). The first
     `warmup` conversations are flagged warm-up. Records sorted by index (conversation-major)."""
-    options = options or ClientOptions()
+    options = options or IN_PROCESS
     driver = _ConversationDriver(url, spec, model, level_seed, shape, options, warmup)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter_ns()

@@ -29,7 +29,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,6 @@ import numpy as np
 from lab.load.client import (
     PROGRESS_INTERVAL_S,
     START_DELAY_NS,
-    ClientOptions,
     LevelProgress,
     ShareIndices,
     _Driver,
@@ -46,6 +45,7 @@ from lab.load.client import (
     share_indices,
     split_share,
 )
+from lab.load.client_settings import ClientSettings
 from lab.load.ray_settings import RaySettings
 from lab.load.record import RECORD_FIELDS, RequestRecord, Sent
 from lab.load.sse import RawResponse
@@ -93,7 +93,7 @@ class LoadClientActor:
                 "host": socket.gethostname(), "pid": os.getpid()}
 
     async def closed(self, url: str, payloads: _Payloads, share: int, first: int,
-                     concurrency: int, warmup: int, options: ClientOptions, proc: int,
+                     concurrency: int, warmup: int, options: ClientSettings, proc: int,
                      start_ns: int) -> AsyncIterator[dict]:
         indices = ShareIndices(payloads.n, concurrency, first, share)
         driver = _Driver(url, payloads, share, warmup, options, proc=proc, indices=indices)
@@ -102,7 +102,7 @@ class LoadClientActor:
             yield batch
 
     async def open(self, url: str, payloads: _Payloads, indices: np.ndarray,
-                   offsets: np.ndarray, warmup: int, options: ClientOptions, cap: int | None,
+                   offsets: np.ndarray, warmup: int, options: ClientSettings, cap: int | None,
                    proc: int, start_ns: int) -> AsyncIterator[dict]:
         driver = _OpenDriver(url, payloads, indices, offsets, warmup, options, cap, proc)
         async for batch in _batches(driver, driver.run(start_ns=start_ns)):
@@ -273,7 +273,7 @@ class RayClientPool:
     # ----- one level -----
 
     async def closed(self, url: str, payloads: _Payloads, concurrency: int, warmup: int,
-                     options: ClientOptions, progress: Callable[[LevelProgress], None] | None
+                     options: ClientSettings, progress: Callable[[LevelProgress], None] | None
                      ) -> tuple[list[RequestRecord], list[dict]]:
         """A closed-loop level: `concurrency` split over the actors, each on its own share of
         the indices."""
@@ -294,7 +294,7 @@ class RayClientPool:
         return await self._level(parts, payloads, call, total, progress)
 
     async def open(self, url: str, payloads: _Payloads, offsets: np.ndarray, warmup: int,
-                   options: ClientOptions, cap: int | None, streams: np.ndarray,
+                   options: ClientSettings, cap: int | None, streams: np.ndarray,
                    progress: Callable[[LevelProgress], None] | None
                    ) -> tuple[list[RequestRecord], list[dict]]:
         """An open-loop level: stream k of `streams` (`split_streams` over the actors) on
@@ -311,7 +311,8 @@ class RayClientPool:
         def call(part: _Share, ref: Any) -> Any:
             idx = mine[part.proc]
             return part.member.actor.open.remote(
-                url, ref, idx, offsets[idx], warmup, replace(options, procs=1),
+                url, ref, idx, offsets[idx], warmup,
+                options.model_copy(update=dict(client_procs=1)),
                 caps[part.proc], part.proc, start_ns + part.clock.offset_ns)
 
         return await self._level(parts, payloads, call, len(offsets), progress)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,8 @@ from lab.analysis.levels import level_key
 from lab.analysis.metrics import summarize_run
 from lab.analysis.request_times import requests_frame
 from lab.analysis.slo_share import DEFAULT_SLO_SHARE, SLOs
-from lab.load.client import ClientOptions, LevelProgress, LevelResult, RemoteClients, run_level
+from lab.load.client import LevelProgress, LevelResult, RemoteClients, run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.conversation import Conversations, run_conversation_level
 from lab.load.record import RequestRecord, rows
 from lab.load.stream_share import PickedRequests, StreamShare
@@ -88,7 +89,7 @@ class SweepPlan:
     duration_s: float | None = None  # per level, instead of a request count
     warmup: int | None = None  # per level (None: one request per slot = the concurrency)
     repeat: int = 1
-    client: ClientOptions = field(default_factory=ClientOptions)
+    client: ClientSettings = field(default_factory=ClientSettings)
     # open loop (docs/open-loop.md): request rates instead of concurrency levels
     rates: list[float] | None = None
     arrival: ArrivalProcess = field(default_factory=ArrivalProcess)
@@ -152,8 +153,8 @@ class SweepPlan:
             "warmup": self.warmup,
             "warmup_per_level": {str(c): self.warmup_for(c) for c in self.concurrency},
             "repeat": self.repeat,
-            "client": asdict(self.client),
-            "client_procs": self.client.procs,
+            "client": self.client.model_dump(mode="json"),
+            "client_procs": self.client.client_procs,
         }
 
 
@@ -171,8 +172,8 @@ class SweepPlan:
             "duration_s": self.duration_s,
             "warmup": self.warmup or 0,
             "repeat": self.repeat,
-            "client": asdict(self.client),
-            "client_procs": self.client.procs,
+            "client": self.client.model_dump(mode="json"),
+            "client_procs": self.client.client_procs,
         }
 
 
@@ -249,10 +250,10 @@ class SweepRunner:
             warmup + plan.requests_for(concurrency) if plan.duration_s is None
             else TIMED_LEVEL_MAX_REQUESTS)
         bodies = RequestSet(plan.workload, self.model, seed, n)
-        options = replace(plan.client, duration_s=plan.duration_s and
-                          plan.duration_s + plan.ramp_up_s, ramp_up_s=plan.ramp_up_s,
-                          after_ramp=after,
-                          request_id_prefix=f"c{concurrency}-r{repeat}-")
+        options = plan.client.model_copy(update=dict(
+            duration_s=plan.duration_s and plan.duration_s + plan.ramp_up_s,
+            ramp_up_s=plan.ramp_up_s, after_ramp=after,
+            request_id_prefix=f"c{concurrency}-r{repeat}-"))
         label = f"c={concurrency}" + (f" (repeat {repeat + 1}/{plan.repeat})"
                                       if plan.repeat > 1 else "")
         self.progress.start(label)
@@ -276,13 +277,13 @@ class SweepRunner:
         if self.after_level is not None:
             await self.after_level(label)
 
-    def _first_level_start(self, options: ClientOptions) -> ClientOptions:
+    def _first_level_start(self, options: ClientSettings) -> ClientSettings:
         """The sweep's first level starts at `plan.start_at_ns` (the shards' agreed start),
         if any; the others when their client is ready."""
         if self.started_ns is not None:
             return options
         self.started_ns = time.perf_counter_ns()
-        return replace(options, start_at_ns=self.plan.start_at_ns)
+        return options.model_copy(update=dict(start_at_ns=self.plan.start_at_ns))
 
     async def run_rate(self, rate: float, repeat: int) -> LevelResult:
         """One open-loop level: its seeded schedule (--requests arrivals, or those within
@@ -302,8 +303,8 @@ class SweepRunner:
             n = len(offsets)
             warmup += in_ramp
         bodies = RequestSet(plan.workload, self.model, level_seed(round(rate * 1000), repeat), n)
-        options = replace(plan.client, duration_s=None,
-                          request_id_prefix=f"r{rate:g}-r{repeat}-")
+        options = plan.client.model_copy(update=dict(
+            duration_s=None, request_id_prefix=f"r{rate:g}-r{repeat}-"))
         label = rate_label(rate) + (f" (repeat {repeat + 1}/{plan.repeat})"
                                     if plan.repeat > 1 else "")
         self.progress.start(label)
@@ -324,8 +325,8 @@ class SweepRunner:
                                           remote=self.remote)
         else:  # this shard's stream of the level's schedule (lab.load.stream_share)
             mine = share.pick(n, seed)
-            options = replace(options, request_id_prefix=f"{options.request_id_prefix}"
-                              f"s{share.index}-")
+            options = options.model_copy(update=dict(
+                request_id_prefix=f"{options.request_id_prefix}s{share.index}-"))
             result = await run_rate_level(
                 self.url, PickedRequests(bodies, mine), offsets[mine], rate=rate,
                 warmup=int(np.searchsorted(mine, warmup)), seed=share.inner_seed(seed),
@@ -348,7 +349,8 @@ class SweepRunner:
                                  seed=spec.seed, endpoint=spec.endpoint, stream=spec.stream,
                                  include_usage=spec.include_usage, **kw)
         rate = trace.rate
-        options = replace(plan.client, duration_s=None, request_id_prefix=f"trace-r{repeat}-")
+        options = plan.client.model_copy(update=dict(
+            duration_s=None, request_id_prefix=f"trace-r{repeat}-"))
         label = f"trace {trace.path}" + (f" (repeat {repeat + 1}/{plan.repeat})"
                                          if plan.repeat > 1 else "")
         self.progress.start(label)

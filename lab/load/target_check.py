@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, replace
 
-from lab.load.client import ClientOptions, run_level
+from lab.load.client import run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.record import RequestRecord
 from lab.load.workload import RequestSet, WorkloadSpec, endpoint_path
 
@@ -187,7 +188,7 @@ def _describe(spec: WorkloadSpec) -> str:
 
 async def _probe(url: str, model: str, spec: WorkloadSpec, timeout_s: float) -> RequestRecord:
     bodies = RequestSet(spec, model, PROBE_LEVEL_SEED, 1)
-    res = await run_level(url, bodies, 1, options=ClientOptions(
-        timeout_s=timeout_s, request_id_prefix="lab-probe-"))
+    res = await run_level(url, bodies, 1, options=ClientSettings(
+        timeout=timeout_s, in_process_client=True, request_id_prefix="lab-probe-"))
     return res.records[0]
 

@@ -1,4 +1,5 @@
-"""The arms of `lab nagle` and the probe's options: what each arm changes, and which run.
+"""The arms of `lab nagle`: what each arm changes, and which run (the probe's options are
+`lab.nagle.settings.NagleSettings`).
 
 On the launched stack an arm is one `SocketSettings` (docs/nagle.md, "The knobs"); against
 --target it is a traffic shape (reused or fresh connections, idle gaps, streaming or not).
@@ -10,10 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 import click
 
-from lab.load.workload import LAB_PROMPT_KIND, WorkloadSpec
-from lab.nagle.stats import DEFAULT_THRESHOLD_MS
-from lab.shared.settings import DEFAULT_MODEL, SocketSettings
-from launch.topology import DEFAULT_SPEEDUP
+from lab.shared.settings import SocketSettings
 
 DEFAULT_REQUESTS = 200
 DEFAULT_MANY = 32
@@ -153,31 +151,3 @@ def external_arms(names: list[str], gaps: list[float], many: int) -> list[Arm]:
                 stream=False, levels=(SINGLE,))
         )
     return arms
-
-
-# --- running -------------------------------------------------------------------------------------
-
-
-@dataclass
-class ProbeOptions:
-    requests: int = DEFAULT_REQUESTS
-    many: int = DEFAULT_MANY
-    threshold_ms: float = DEFAULT_THRESHOLD_MS
-    speedup: float = DEFAULT_SPEEDUP
-    isl: int = WorkloadSpec.isl
-    osl: int = WorkloadSpec.osl
-    seed: int = 0
-    warmup: int = 0
-    timeout_s: float = 60.0
-    model: str = DEFAULT_MODEL
-    target: str | None = None
-    topology: str | None = None  # a TOML topology (e.g. with hosts); each arm changes its sockets
-    prompt_kind: str = LAB_PROMPT_KIND
-    endpoint: str = "completions"
-    tokenizer: str | None = None  # prompts exact in it; the launched frontend tokenizes with it
-    include_usage: bool = True  # False: the target refused stream_options.include_usage
-
-    def workload(self, stream: bool = True) -> WorkloadSpec:
-        return WorkloadSpec(isl=self.isl, osl=self.osl, seed=self.seed, stream=stream,
-                            prompt_kind=self.prompt_kind, endpoint=self.endpoint,
-                            tokenizer=self.tokenizer, include_usage=self.include_usage)

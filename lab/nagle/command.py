@@ -14,7 +14,6 @@ lab.nagle.words; plots: lab.nagle.plots.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -22,7 +21,6 @@ import click
 from lab.nagle.arms import (
     DEFAULT_ARMS,
     DEFAULT_EXTERNAL_GAP_MS,
-    ProbeOptions,
     csv_list,
     external_arms,
     launched_arms,
@@ -85,15 +83,10 @@ def nagle(settings: NagleSettings) -> None:
     workload = workload_from_options(
         {k: getattr(settings, k) for k in ("isl", "osl", "seed", "prompt_kind", "endpoint",
                                            "tokenizer")}, target=target)
-    opts = ProbeOptions(
-        requests=settings.requests, many=many, threshold_ms=settings.threshold_ms,
-        speedup=settings.speedup, isl=settings.isl, osl=settings.osl, seed=settings.seed,
-        warmup=settings.warmup, timeout_s=settings.timeout_s, model=model or DEFAULT_MODEL,
-        target=target.rstrip("/") if target else None,
-        topology=str(topology) if topology else None,
+    opts = settings.model_copy(update=dict(
+        model=model or DEFAULT_MODEL, target=target.rstrip("/") if target else None,
         prompt_kind=workload.prompt_kind, endpoint=workload.endpoint,
-        tokenizer=workload.tokenizer,
-    )
+        tokenizer=workload.tokenizer))
     if topology is not None and external:
         raise click.UsageError("--topology launches a stack; it cannot be combined with --target")
     if topology is not None:
@@ -110,12 +103,13 @@ def nagle(settings: NagleSettings) -> None:
     if external:
         assert target is not None
         info = target_or_exit(target, model, workload, settings.timeout_s)
-        opts.target, opts.model, opts.include_usage = info.url, info.model, info.include_usage
+        opts = opts.model_copy(update=dict(target=info.url, model=info.model,
+                                           include_usage=info.include_usage))
         target_check = info.to_dict()
     out = _run_dir(settings.out)
     write_config(out, {
         "mode": "external" if external else "launched",
-        **asdict(opts),
+        **opts.model_dump(mode="json"),
         "arms": [a.to_dict() for a in selected],
         "target_check": target_check,
     })

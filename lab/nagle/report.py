@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from lab.load.workload import endpoint_path
-from lab.nagle.arms import SINGLE, Arm, ProbeOptions
+from lab.nagle.arms import SINGLE, Arm
 from lab.nagle.kernel_facts import KernelFacts, kernel_facts
+from lab.nagle.settings import NagleSettings
 from lab.nagle.stats import MIN_SAMPLES, ArmResult, arm_results
 from lab.nagle.verdict import Verdict, external_verdict, launched_verdict
 from lab.shared.settings import SocketSettings
@@ -100,7 +100,7 @@ def write_outputs(
     out: Path,
     records: list[dict],
     arms: list[Arm],
-    opts: ProbeOptions,
+    opts: NagleSettings,
     *,
     external: bool,
     loadavg: list[float] | None = None,
@@ -140,7 +140,7 @@ def write_outputs(
         "threshold_ms": opts.threshold_ms,
         "min_samples": MIN_SAMPLES,
         "requests_per_level": opts.requests,
-        "options": asdict(opts),
+        "options": opts.model_dump(mode="json"),
         "levels": [SINGLE, opts.many],
         "arms": [a.to_dict() for a in arms],
         "stats": {n: r.to_dict() for n, r in results.items()},
@@ -237,10 +237,10 @@ def reanalyse(run: Path, threshold_ms: float | None = None) -> tuple[str, Verdic
         "requests": doc["requests_per_level"], "many": doc["levels"][-1],
         "threshold_ms": doc["threshold_ms"], "model": doc["model"], "target": doc["target"],
     }
-    known = {f.name for f in fields(ProbeOptions)}
-    opts = ProbeOptions(**{k: v for k, v in stored.items() if k in known})
+    known = {k: v for k, v in stored.items() if k in NagleSettings.model_fields}
     if threshold_ms is not None:
-        opts.threshold_ms = threshold_ms
+        known["threshold_ms"] = threshold_ms
+    opts = NagleSettings.model_validate({**known, "reanalyse_dir": run})
     arms = []
     for a in doc["arms"]:
         sockets = SocketSettings(**a["sockets"]) if a.get("sockets") else None

@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from lab.load.workload import RequestSet
-from lab.nagle.arms import Arm, ProbeOptions
+from lab.nagle.arms import Arm
+from lab.nagle.settings import NagleSettings
 
 
 def progress(msg: str) -> None:
@@ -22,22 +23,23 @@ def progress(msg: str) -> None:
     click.echo(msg, err=True)
 
 
-def _bodies(opts: ProbeOptions, model: str, arm: Arm, conc: int,
+def _bodies(opts: NagleSettings, model: str, arm: Arm, conc: int,
             level_seed: int) -> RequestSet:
     return RequestSet(opts.workload(stream=arm.stream), model, level_seed, opts.requests)
 
 
-async def _run_arm_levels(url: str, model: str, arm: Arm, opts: ProbeOptions,
+async def _run_arm_levels(url: str, model: str, arm: Arm, opts: NagleSettings,
                           seed_of: Callable[[Arm, int], int]) -> list[dict]:
-    from lab.load.client import ClientOptions, run_level
+    from lab.load.client import run_level
+    from lab.load.client_settings import ClientSettings
 
     records: list[dict] = []
     for conc in arm.levels:
         bodies = _bodies(opts, model, arm, conc, seed_of(arm, conc))
-        copts = ClientOptions(
+        copts = ClientSettings(in_process_client=True,
             fresh_connection=arm.fresh_connection,
             gap_ms=arm.gap_ms,
-            timeout_s=opts.timeout_s,
+            timeout=opts.timeout_s,
             request_id_prefix=f"nagle-{arm.name}-c{conc}-",
         )
         t0 = time.monotonic()
@@ -57,11 +59,12 @@ async def _run_arm_levels(url: str, model: str, arm: Arm, opts: ProbeOptions,
     return records
 
 
-async def run_launched(arms: list[Arm], opts: ProbeOptions, out: Path) -> list[dict]:
+async def run_launched(arms: list[Arm], opts: NagleSettings, out: Path) -> list[dict]:
     """One aggregated stack per arm, torn down before the next; the same requests in every arm."""
     from launch.stack import Stack
     from launch.topology import TopologySpec
 
+    assert opts.model is not None  # resolved by the command
     base = TopologySpec.from_toml(Path(opts.topology)) if opts.topology else None
     records: list[dict] = []
     for arm in arms:
@@ -83,10 +86,10 @@ async def run_launched(arms: list[Arm], opts: ProbeOptions, out: Path) -> list[d
     return records
 
 
-async def run_external(arms: list[Arm], opts: ProbeOptions) -> list[dict]:
+async def run_external(arms: list[Arm], opts: NagleSettings) -> list[dict]:
     """Traffic shapes against --target. Each arm gets its own prompts (a distinct level seed),
     so no arm is served from a prefix cache another arm warmed."""
-    assert opts.target is not None
+    assert opts.target is not None and opts.model is not None  # resolved by the command
     records: list[dict] = []
     seeds = {a.name: 1000 * (i + 1) for i, a in enumerate(arms)}
     for arm in arms:
@@ -99,7 +102,7 @@ async def run_external(arms: list[Arm], opts: ProbeOptions) -> list[dict]:
 
 
 
-async def launched_or_fail(arms: list[Arm], opts: ProbeOptions, out: Path) -> list[dict]:
+async def launched_or_fail(arms: list[Arm], opts: NagleSettings, out: Path) -> list[dict]:
     from launch.errors import LaunchError
 
     try:

@@ -14,6 +14,7 @@ import click
 from pydantic import model_validator
 
 from lab.load.client_settings import MAX_CONCURRENCY, ClientSettings
+from lab.load.workload import WorkloadSpec
 from lab.nagle.arms import (
     DEFAULT_EXTERNAL_GAP_MS,
     DEFAULT_MANY,
@@ -22,9 +23,9 @@ from lab.nagle.arms import (
     LAUNCHED_ARMS,
 )
 from lab.nagle.stats import DEFAULT_THRESHOLD_MS
-from lab.shared.config_cli import MAX_SECONDS, Settings, field_like, setting
+from lab.shared.config_cli import MAX_SECONDS, Settings, field_like, run_value, setting
 from lab.sweep.sweep_settings import MAX_REQUESTS, SweepSettings
-from launch.topology import DEFAULT_SPEEDUP
+from launch.topology import FleetSpec
 from launch.topology_settings import TopologySettings
 
 #: The probe's per-request timeout, seconds (shorter than a sweep's: the probe's requests are
@@ -33,7 +34,8 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 class NagleSettings(Settings):
-    """The `lab nagle` command line."""
+    """The `lab nagle` command line, and what the probe runs on: the command resolves the
+    model, the target URL and the workload's defaults into one copy (`model_copy(update=)`)."""
 
     out: Path | None = field_like(SweepSettings, "out", help="Run directory.",
                                   default_text="results/<timestamp>-nagle")
@@ -53,7 +55,7 @@ class NagleSettings(Settings):
         DEFAULT_THRESHOLD_MS, "A stall: TTFT at least this far above the fastest decile.",
         gt=0, le=MAX_SECONDS * 1000)
     speedup: float = field_like(
-        TopologySettings, "speedup", default=DEFAULT_SPEEDUP,
+        FleetSpec, "speedup",
         help="Engine speedup of the launched stack (1000: the engine is nearly free).")
     isl: int = field_like(SweepSettings, "isl", help="Prompt tokens per request (exact in "
                           "--tokenizer's tokenizer when given).")
@@ -87,6 +89,16 @@ class NagleSettings(Settings):
         None, "Send nothing: recompute nagle.json, plots and report.md of an earlier probe's "
         "run directory from its requests.parquet (with --threshold-ms if given).",
         flag="--reanalyse", path=click.Path(path_type=Path, file_okay=False, exists=True))
+
+    include_usage: bool = run_value(
+        True, "False: the target refused stream_options.include_usage (the --target probe).")
+
+    def workload(self, stream: bool = True) -> WorkloadSpec:
+        """The probe's requests (streaming or not, as the arm asks)."""
+        return WorkloadSpec(isl=self.isl, osl=self.osl, seed=self.seed, stream=stream,
+                            prompt_kind=self.prompt_kind or WorkloadSpec.prompt_kind,
+                            endpoint=self.endpoint, tokenizer=self.tokenizer,
+                            include_usage=self.include_usage)
 
     @model_validator(mode="after")
     def _warmup_below_requests(self) -> NagleSettings:

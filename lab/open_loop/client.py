@@ -42,7 +42,6 @@ import numpy as np
 from lab.load.client import (
     _HEADERS,
     PROGRESS_INTERVAL_S,
-    ClientOptions,
     LevelProgress,
     LevelResult,
     RecordBook,
@@ -54,6 +53,7 @@ from lab.load.client import (
     run_client_processes,
     split_share,
 )
+from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, post_request
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse
@@ -74,7 +74,7 @@ class _OpenDriver(RecordBook):
     """One process's share of an open-loop level: its requests at their intended times."""
 
     def __init__(self, url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarray,
-                 warmup: int, options: ClientOptions, max_concurrency: int | None,
+                 warmup: int, options: ClientSettings, max_concurrency: int | None,
                  proc: int = 0, done: Any = None, errors: Any = None) -> None:
         super().__init__(options, warmup, proc, done, errors)
         self.url = url
@@ -119,7 +119,7 @@ class _OpenDriver(RecordBook):
         while idle:
             conn = idle.popleft()
             if not conn.closed and not conn.stale(raw.sent_ns):
-                conn.request(request, raw, ctx.streaming, on_response, self.options.timeout_s)
+                conn.request(request, raw, ctx.streaming, on_response, self.options.timeout)
                 if self.cancel is not None:
                     arm_cancel(self.cancel, conn, raw, ctx.request_index)
                 return
@@ -135,7 +135,7 @@ class _OpenDriver(RecordBook):
         if conn is not None:
             self.conns.add(conn)
             try:
-                remaining = self.options.timeout_s - (time.perf_counter_ns() - raw.sent_ns) / 1e9
+                remaining = self.options.timeout - (time.perf_counter_ns() - raw.sent_ns) / 1e9
                 conn.request(request, raw, ctx.streaming, on_response, max(remaining, 1e-3))
                 if self.cancel is not None:
                     arm_cancel(self.cancel, conn, raw, ctx.request_index)
@@ -250,7 +250,7 @@ class _OpenDriver(RecordBook):
 # ----- several client processes -----
 
 def _child(url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarray, warmup: int,
-           options: ClientOptions, cap: int | None, proc: int, done: Any, errors: Any,
+           options: ClientSettings, cap: int | None, proc: int, done: Any, errors: Any,
            conn: Any, parent: int) -> None:
     import uvloop
 
@@ -270,7 +270,7 @@ def _child(url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarr
 
 
 async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup: int,
-                     options: ClientOptions, cap: int | None, streams: np.ndarray, procs: int,
+                     options: ClientSettings, cap: int | None, streams: np.ndarray, procs: int,
                      progress: Callable[[LevelProgress], None] | None
                      ) -> tuple[list[RequestRecord], list[dict]]:
     ctx = mp.get_context("spawn")
@@ -287,23 +287,23 @@ async def _run_procs(url: str, payloads: _Payloads, offsets: np.ndarray, warmup:
 
 async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarray, *,
                          rate: float, warmup: int = 0, max_concurrency: int | None = None,
-                         seed: Sequence[int] = (0,), options: ClientOptions | None = None,
+                         seed: Sequence[int] = (0,), options: ClientSettings | None = None,
                          progress: Callable[[LevelProgress], None] | None = None,
                          remote: RemoteClients | None = None) -> LevelResult:
     """Run one open-loop level: request i of `bodies` is due `offsets_ns[i]` after the level's
     start (`arrivals.ArrivalProcess.schedule_ns`). The first `warmup` are flagged warm-up.
 
     With `max_concurrency`, a request due while that many are in flight is held at the client
-    until one ends (its `scheduled_ns` says when). `options.procs` processes split the schedule
-    (`split_streams`, seeded by `seed`). Records come back sorted by index, each with `rate`
-    and `concurrency` 0 (no closed loop); `procs` holds each client process's own figures.
+    until one ends (its `scheduled_ns` says when). `options.client_procs` processes split the
+    schedule (`split_streams`, seeded by `seed`). Records come back sorted by index, each with
+    `rate` and `concurrency` 0 (no closed loop); `procs` holds each client process's own figures.
     With `remote`, its processes split the schedule instead (one stream each).
     """
-    options = options or ClientOptions()
+    options = options or IN_PROCESS
     offsets = np.asarray(offsets_ns, dtype=np.int64)
     if len(offsets) != len(bodies):
         raise ValueError(f"{len(offsets)} intended send times for {len(bodies)} requests")
-    procs = max(1, remote.streams_for() if remote is not None else options.procs)
+    procs = max(1, remote.streams_for() if remote is not None else options.client_procs)
     if max_concurrency is not None and max_concurrency < procs:
         raise ValueError(f"max_concurrency {max_concurrency} is below the {procs} client "
                          "processes it is split over")
@@ -313,7 +313,7 @@ async def run_rate_level(url: str, bodies: Sequence[dict], offsets_ns: np.ndarra
         streams = split_streams(len(offsets), procs, seed)
         records, infos = await remote.open(url, payloads, offsets, warmup, options,
                                            max_concurrency, streams, progress)
-    elif options.isolate or procs > 1:
+    elif not options.in_process_client or procs > 1:
         streams = split_streams(len(offsets), procs, seed)
         records, infos = await _run_procs(url, payloads, offsets, warmup, options,
                                           max_concurrency, streams, procs, progress)

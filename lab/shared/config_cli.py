@@ -33,7 +33,8 @@ from pydantic.fields import FieldInfo
 from lab.shared.switches import ON_OFF, is_on, on_off
 
 __all__ = ["MAX_SECONDS", "Settings", "field_like", "field_option", "field_options",
-           "given_or_default", "options", "parse_settings", "setting", "to_argv"]
+           "fields_of", "flag_of", "given_or_default", "option_names", "options",
+           "parse_settings", "run_value", "setting", "to_argv"]
 
 S = TypeVar("S", bound="Settings")
 
@@ -72,6 +73,8 @@ class Cli:
     multiple: bool = False
     hidden: bool = False  # not in --help (an internal option)
     path: click.Path | None = None  # a path option's click checks (exists, file or directory)
+    #: False: a value the program fills in as it runs (e.g. a level's duration), no option
+    command_line: bool = True
 
 
 def setting(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
@@ -86,15 +89,34 @@ def setting(default: Any, help: str, *, ge: float | None = None, gt: float | Non
     )
 
 
+def run_value(default: Any, help: str) -> Any:
+    """A field that is no option: a value the program sets as it runs (`model_copy(update=)`),
+    kept in the same model so that what a component runs on is one instance."""
+    return Field(default, description=help,
+                 json_schema_extra=cast(Any, {"cli": Cli(command_line=False)}))
+
+
 _KEEP: Any = object()
 
 
-def field_like(model: type[Settings], name: str, *, default: Any = _KEEP,
+def fields_of(model: Any) -> dict[str, FieldInfo]:
+    """The pydantic fields of a model or of a pydantic dataclass (e.g. launch.topology's)."""
+    found = getattr(model, "__pydantic_fields__", None)
+    return dict(found if found is not None else model.model_fields)
+
+
+def flag_of(model: Any, name: str) -> str:
+    """The flag of `model`'s field `name` (`--field-name` unless the field says otherwise)."""
+    return _flag(name, fields_of(model)[name])
+
+
+def field_like(model: Any, name: str, *, default: Any = _KEEP,
                help: str | None = None, **cli: Any) -> Any:
     """A field defined as `model`'s field `name` is: the same default, bounds, help and
     spelling, except what is given (`cli`: the keywords of `Cli`, e.g. flag=). For a command
-    whose option is another's setting (`lab nagle --isl` is `lab sweep --isl`)."""
-    info = model.model_fields[name]
+    whose option is another's setting (`lab nagle --isl` is `lab sweep --isl`), or a
+    topology field that is a process's setting (`launch.topology.FleetSpec`)."""
+    info = fields_of(model)[name]
     bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt")
               if hasattr(m, k)}
     meta = dataclasses.replace(_cli(info), **cli)
@@ -104,13 +126,13 @@ def field_like(model: type[Settings], name: str, *, default: Any = _KEEP,
                  json_schema_extra=cast(Any, {"cli": meta}), **bounds)
 
 
-def given_or_default(model: type[Settings], name: str, help: str | None = None,
+def given_or_default(model: Any, name: str, help: str | None = None,
                      **cli: Any) -> Any:
     """`field_like`, but default None ("not given", so that a value from another source, e.g.
     a topology file, stands); the help shows the field's default.
 
     For the options of a launcher (`lab up`) that set a process's own setting."""
-    info = model.model_fields[name]
+    info = fields_of(model)[name]
     own = _cli(info)
     shown = own.default_text
     if shown is None and not info.is_required() and info.default is not None:
@@ -252,11 +274,16 @@ def _usage_error(model: type[Settings], exc: ValidationError) -> click.UsageErro
     return click.UsageError(msg)
 
 
+def option_names(model: type[Settings]) -> list[str]:
+    """The fields of `model` that are command-line options (not `run_value`s)."""
+    return [name for name, info in model.model_fields.items() if _cli(info).command_line]
+
+
 def parse_settings(model: type[S], params: dict[str, Any]) -> S:
     """The instance of `model` from a command's parsed option values (click.Context.params);
     a failed cross-field check is a click usage error naming the option."""
     try:
-        return model(**{k: params[k] for k in model.model_fields if k in params})
+        return model(**{k: params[k] for k in option_names(model) if k in params})
     except ValidationError as exc:
         raise _usage_error(model, exc) from None
 
@@ -265,11 +292,13 @@ def options(model: type[S], param: str = "settings") -> Callable[[Callable[..., 
                                                                   Callable[..., Any]]:
     """Add every field of `model` as a click option; the command receives one validated
     instance as `param` (and its other parameters as given)."""
+    names = option_names(model)
+
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def command(**kwargs: Any) -> Any:
             instance = parse_settings(model, kwargs)
-            rest = {k: v for k, v in kwargs.items() if k not in model.model_fields}
+            rest = {k: v for k, v in kwargs.items() if k not in names}
             return func(**{param: instance}, **rest)
 
         return field_options(model)(command)
@@ -283,7 +312,7 @@ def field_options(model: type[Settings]) -> Callable[[Callable[..., Any]], Calla
     taking keywords, e.g. `launch.cli_options.spec_from_options`, uses this)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        for name in reversed(list(model.model_fields)):
+        for name in reversed(option_names(model)):
             decls, kwargs = field_option(model, name)
             func = click.option(*decls, **kwargs)(func)
         return func
@@ -306,7 +335,7 @@ def to_argv(settings: Settings) -> list[str]:
     argv: list[str] = []
     fields = type(settings).model_fields
     for name, info in fields.items():
-        if name not in settings.model_fields_set:
+        if name not in settings.model_fields_set or not _cli(info).command_line:
             continue
         value = getattr(settings, name)
         cli = _cli(info)

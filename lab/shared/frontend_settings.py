@@ -13,6 +13,7 @@ from lab.shared.settings import (
     DEFAULT_MODEL,
     DEFAULT_ROUTER,
     LOG_LEVELS,
+    MAX_POOL_SIZE,
     ROLES,
     ROUTERS,
     DiscoveryTiming,
@@ -34,7 +35,6 @@ DEFAULT_SHUTDOWN_GRACE_S = 5.0
 #: The most times a request may migrate (the launcher's --migration-limit bound too).
 MAX_MIGRATION_LIMIT = 1000
 #: Bounds of the sizes (a mistyped huge value is refused by name).
-MAX_POOL_SIZE = 1024
 MAX_BODY_BYTES = 1 << 40
 MAX_CONNECTIONS = 1_000_000
 

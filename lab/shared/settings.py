@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pydantic
+from pydantic import ConfigDict, Field
+
 from lab.wire.constants import DEFAULT_MODEL, ROLES
 
 __all__ = [
@@ -12,6 +15,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_ROUTER",
     "LOG_LEVELS",
+    "MAX_POOL_SIZE",
     "ROLES",
     "ROUTERS",
     "DiscoveryTiming",
@@ -34,7 +38,11 @@ DEFAULT_ROUTER = "round-robin"
 DEFAULT_MIGRATION_LIMIT = 1
 
 
-@dataclass(frozen=True)
+#: The most persistent request-plane connections per worker.
+MAX_POOL_SIZE = 1024
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid"))
 class SocketSettings:
     """The socket behaviour the Nagle experiments toggle, each setting on its own.
 
@@ -48,7 +56,7 @@ class SocketSettings:
     client_nodelay: bool = True
     server_nodelay: bool = True
     split_writes: bool = False
-    pool_size: int = 2
+    pool_size: int = Field(default=2, ge=1, le=MAX_POOL_SIZE)
     http_nodelay: bool = True
 
 

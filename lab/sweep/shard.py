@@ -8,7 +8,7 @@ it (N independent Poisson streams of rate/N; together the seed's schedule). With
 shards meet in etcd before the first level: each puts its wall-clock time under
 `/loadlab/barrier/NAME/`, waits until all N are there, and its first level starts at the
 latest of them plus START_MARGIN_S, the same instant for all (its client processes start
-within that margin: `ClientOptions.start_at_ns`). `shard.json` in the run directory records
+within that margin: `ClientSettings.start_at_ns`). `shard.json` in the run directory records
 the shard, the level map and a (wall clock, perf counter) anchor taken at the start, from which
 `lab merge` puts the shards' perf-counter stamps (one clock per node) on the shared wall clock.
 
@@ -132,7 +132,7 @@ def start(run_dir: Path, plan: ShardPlan | None) -> int | None:
     """Meet the others at the barrier (if any) and write shard.json with the clock anchor.
 
     Returns the agreed start on this node's perf_counter clock, for the first level to start
-    then (`ClientOptions.start_at_ns`): the shard goes on at once, so that its client process
+    then (`ClientSettings.start_at_ns`): the shard goes on at once, so that its client process
     starts within the barrier's margin and not after the agreed start (a client process takes
     up to a second to start on a loaded node). None without a barrier."""
     if plan is None:

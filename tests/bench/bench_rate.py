@@ -19,7 +19,7 @@ import uvloop
 
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions
+from lab.load.client_settings import ClientSettings
 from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
 from lab.open_loop.arrival_settings import parse_rates
@@ -55,7 +55,7 @@ async def _one(url: str, model: str, rate: float, n: int, osl: int, procs: int,
     seed = schedule_seed(round_, rate, 0)
     offsets = ArrivalProcess().schedule_ns(rate, n, seed)
     res = await run_rate_level(url, bodies, offsets, rate=rate, seed=seed,
-                               options=ClientOptions(isolate=True, procs=procs))
+                               options=ClientSettings(client_procs=procs))
     df = requests_frame(rows(res.records))
     fig = open_loop_figures(df)
     cl = client_health(res.procs, df)

@@ -6,9 +6,10 @@ so its CPU is not the client's).
     python -m tests.bench.load_bench --conc 256 --repeat 5
     python -m tests.bench.load_bench --target http://127.0.0.1:PORT --model NAME  # any server
 
-The client runs in its own process (ClientOptions.isolate) so its CPU and loop-lag figures are
-its own. Budget: at most 1.5 ms of client CPU per 128-token request, send delay p99
-under 1 ms at concurrency 256. Figures per level are medians over the repeats.
+The client runs in its own process (ClientSettings' default, not in_process_client) so its
+CPU and loop-lag figures are its own. Budget: at most 1.5 ms of client CPU per 128-token
+request, send delay p99 under 1 ms at concurrency 256. Figures per level are medians over the
+repeats.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import click
 
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions, run_level
+from lab.load.client import run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.workload import WorkloadSpec, build_requests
 from lab.wire.ready import parse_ready
 
@@ -98,7 +100,7 @@ async def _bench(url: str, model: str, levels: list[int], requests: int, osl: in
         for _ in range(repeat):
             s0 = server.cpu_s() if server else None
             res = await run_level(url, bodies, c, warmup=c,
-                                  options=ClientOptions(isolate=True, procs=procs))
+                                  options=ClientSettings(client_procs=procs))
             errors = sum(1 for r in res.records if not r.ok)
             ok = [r for r in res.records if r.ok]
             cl = client_health(res.procs, requests_frame([r.row() for r in res.records]))

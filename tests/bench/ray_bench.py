@@ -26,7 +26,8 @@ import click
 
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions, RemoteClients, run_level
+from lab.load.client import RemoteClients, run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.ray_client import RayClientPool
 from lab.load.ray_settings import RaySettings
 from lab.load.record import rows
@@ -61,7 +62,7 @@ async def _level(url: str, c: int, n: int, osl: int, procs: int,
                  remote: RemoteClients | None) -> dict[str, Any]:
     bodies = build_requests(WorkloadSpec(isl=136, osl=osl), "fake", n + c, level_seed=c)
     res = await run_level(url, bodies, c, warmup=c,
-                          options=ClientOptions(isolate=True, procs=procs), remote=remote)
+                          options=ClientSettings(client_procs=procs), remote=remote)
     cl = client_health(res.procs, requests_frame(rows(res.records)))
     return {"cpu_ms": cl["cpu_ms_per_request"], "send_p99": cl["send_delay_p99_ms"],
             "lag_p99": cl["loop_lag_p99_ms"],

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lab.load.cancel import CancelPlan
-from lab.load.client import ClientOptions
+from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.sweep import SweepPlan, SweepRunner
 from lab.load.workload import WorkloadSpec
 from lab.sweep.leak_check import LEAKS_JSON, LeakCheck, LeakFound, after_level_check
@@ -45,6 +45,12 @@ ISL = 64
 PREFILL_CHUNK = 4
 
 
+def _cancelling(plan: CancelPlan) -> ClientSettings:
+    """In-process client settings whose --cancel options are `plan`'s."""
+    return IN_PROCESS.model_copy(update={"cancel": plan.fraction, "cancel_after": plan.after,
+                                         "cancel_seed": plan.seed})
+
+
 def fixed(prefill_ms: float, decode_ms: float) -> dict:
     return {"timing": {"type": "fixed", "prefill_ms": prefill_ms, "decode_ms": decode_ms}}
 
@@ -55,7 +61,7 @@ async def cancel_level(stack: Stack, check: LeakCheck, run_dir: Path, plan: Canc
     check (`seed`: the prompts', so that levels do not share a prefix cache)."""
     run_dir.mkdir()
     sweep = SweepPlan(concurrency=[conc], workload=WorkloadSpec(isl=isl, osl=osl, seed=seed),
-                      requests=conc, warmup=0, client=ClientOptions(cancel=plan))
+                      requests=conc, warmup=0, client=_cancelling(plan))
     runner = SweepRunner(run_dir, stack.frontend_url, stack.model, sweep,
                          after_level=after_level_check(check, run_dir, lambda _: None))
     await runner.run()

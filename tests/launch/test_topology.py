@@ -10,7 +10,9 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from lab.shared.frontend_settings import MAX_MIGRATION_LIMIT
 from lab.shared.settings import SocketSettings
+from lab.wire.constants import MAX_STREAM_INTERVAL
 from launch.cli import up
 from launch.cli_options import spec_from_options, topology_options
 from launch.errors import TopologyError
@@ -231,3 +233,49 @@ def test_check_ray_refuses(tmp_path: Path, change: dict, address: str | None,
 def test_lab_up_ray_needs_a_placed_topology(tmp_path: Path) -> None:
     result = CliRunner().invoke(up, ["--ray", "auto", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "places nothing on Ray" in result.output, result.output
+
+
+@pytest.mark.parametrize("first,key", [
+    (f"migration_limit = {MAX_MIGRATION_LIMIT + 1}", "migration_limit"),
+    (f"stream_interval = {MAX_STREAM_INTERVAL + 1}", "stream_interval"),
+    ("stream_interval = 0", "stream_interval"),
+    ('count = "2"', "count"),
+    ("enforce_disagg = 1", "enforce_disagg"),
+    ("frontend_port = 70000", "frontend_port"),
+    ('router = "fastest"', "router"),
+    ("ready_timeout_s = 0.01", "ready_timeout_s"),
+])
+def test_a_file_value_is_checked_by_the_settings_field(tmp_path: Path, first: str,
+                                                         key: str) -> None:
+    """A topology file's value is refused by the same field (bounds, type, choices) as the
+    process's flag, naming the key and its line; no bound of its own (the migration bound is
+    the frontend's MAX_MIGRATION_LIMIT, the stream interval the engine's)."""
+    path = tmp_path / "bad.toml"
+    if key == "count":
+        path.write_text(GOOD.replace("count = 2", first))
+        line, key = 10, "fleet[0].count"
+    else:
+        path.write_text(f"{first}\n{GOOD}")
+        line = 1
+    with pytest.raises(TopologyError) as err:
+        TopologySpec.from_toml(path)
+    assert f"{path}:{line}: {key}: " in str(err.value), str(err.value)
+
+
+def test_a_file_value_at_the_fields_bound_loads(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(f"migration_limit = {MAX_MIGRATION_LIMIT}\n"
+                    f"stream_interval = {MAX_STREAM_INTERVAL}\n{GOOD}")
+    spec = TopologySpec.from_toml(path)
+    assert spec.migration_limit == MAX_MIGRATION_LIMIT
+    assert {f.stream_interval for f in spec.fleets} == {MAX_STREAM_INTERVAL}
+
+
+def test_a_flag_the_spec_refuses_names_the_flag(tmp_path: Path) -> None:
+    """--discovery passes its option's type, then the spec's field refuses it: the usage error
+    names the flag (no table of field -> flag: the option is the field of the same name)."""
+    result = CliRunner().invoke(up, ["--discovery", "consul://x:1", "--out",
+                                     str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--discovery'" in result.output, result.output
+    assert "consul://x:1" in result.output

@@ -14,7 +14,8 @@ from lab.analysis.metrics import summarize_run
 from lab.analysis.request_times import requests_frame
 from lab.commands.sweep import sweep
 from lab.load.cancel import CancelPlan, parse_cancel_after
-from lab.load.client import ClientOptions, run_level
+from lab.load.client import run_level
+from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection
 from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
@@ -24,6 +25,12 @@ from tests.load.fake_openai import FakeOpenAI
 from tests.waiting import wait_for
 
 TOKEN_DELAY_S = 0.02
+
+
+def _cancelling(plan: CancelPlan) -> ClientSettings:
+    """In-process client settings whose --cancel options are `plan`'s."""
+    return IN_PROCESS.model_copy(update={"cancel": plan.fraction, "cancel_after": plan.after,
+                                         "cancel_seed": plan.seed})
 
 
 @pytest.fixture
@@ -62,7 +69,7 @@ async def test_cancel_after_tokens_closes_mid_stream(fake: tuple[FakeOpenAI, str
     plan = CancelPlan(0.5, "3tok", seed=11)
     picked = {i for i in range(12) if plan.picks(i)}
     assert 0 < len(picked) < 12
-    res = await run_level(url, bodies(12, osl=40), 4, options=ClientOptions(cancel=plan))
+    res = await run_level(url, bodies(12, osl=40), 4, options=_cancelling(plan))
     assert len(res.records) == 12
     for r in res.records:
         if r.index in picked:
@@ -85,7 +92,7 @@ async def test_cancel_after_tokens_closes_mid_stream(fake: tuple[FakeOpenAI, str
 async def test_cancel_after_a_delay(fake: tuple[FakeOpenAI, str]) -> None:
     server, url = fake
     res = await run_level(url, bodies(4, osl=200), 2,
-                          options=ClientOptions(cancel=CancelPlan(1.0, "100ms")))
+                          options=_cancelling(CancelPlan(1.0, "100ms")))
     for r in res.records:
         assert r.cancelled, r
         waited_ms = (r.cancelled_ns - r.sent_ns) / 1e6
@@ -107,12 +114,12 @@ async def test_no_plan_arms_nothing(fake: tuple[FakeOpenAI, str],
 
     monkeypatch.setattr(Http1Connection, "arm_cancel", spy)
     _, url = fake
-    for options in (ClientOptions(), ClientOptions(cancel=CancelPlan(0.0, "first"))):
+    for options in (IN_PROCESS, _cancelling(CancelPlan(0.0, "first"))):
         res = await run_level(url, bodies(6, osl=4), 2, options=options)
         assert all(r.ok and not r.cancelled for r in res.records)
     assert armed == []
     res = await run_level(url, bodies(6, osl=4), 2,
-                          options=ClientOptions(cancel=CancelPlan(1.0, "first")))
+                          options=_cancelling(CancelPlan(1.0, "first")))
     assert len(armed) == 6 and all(r.cancelled for r in res.records)
 
 
@@ -120,7 +127,7 @@ async def test_the_open_loop_cancels_too(fake: tuple[FakeOpenAI, str]) -> None:
     server, url = fake
     offsets = np.arange(6, dtype=np.int64) * 5_000_000  # 5 ms apart
     res = await run_rate_level(url, bodies(6, osl=40), offsets, rate=200.0,
-                               options=ClientOptions(cancel=CancelPlan(1.0, "2tok")))
+                               options=_cancelling(CancelPlan(1.0, "2tok")))
     assert len(res.records) == 6
     assert all(r.cancelled and r.chunks == 2 for r in res.records), res.records
     await wait_for(lambda: server.in_flight == 0, timeout=5, what="the fake to be idle")

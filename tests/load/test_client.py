@@ -14,7 +14,8 @@ import pytest
 
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions, LevelProgress, run_level
+from lab.load.client import LevelProgress, run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.record import RECORD_FIELDS, rows
 from lab.load.sweep import LineProgress
 from lab.load.workload import RequestSet, WorkloadSpec, build_requests
@@ -167,7 +168,8 @@ async def test_one_in_flight_reuses_one_connection(fake: tuple[FakeOpenAI, str])
 
 async def test_fresh_connection_per_request(fake: tuple[FakeOpenAI, str]) -> None:
     server, url = fake
-    await run_level(url, bodies(6), 1, options=ClientOptions(fresh_connection=True))
+    await run_level(url, bodies(6), 1,
+        options=ClientSettings(in_process_client=True, fresh_connection=True))
     assert len(server.peers) == 6
 
 
@@ -215,7 +217,8 @@ async def test_timed_level_stops_claiming(fake: tuple[FakeOpenAI, str]) -> None:
 
     _server, url = fake
     rs = RequestSet(WorkloadSpec(isl=20, osl=4), "fake-model", 1, 10**9)
-    res = await run_level(url, rs, 4, options=ClientOptions(duration_s=0.5))
+    res = await run_level(url, rs, 4,
+        options=ClientSettings(in_process_client=True, duration_s=0.5))
     assert 4 <= len(res.records) < 10**6
     assert client_health(res.procs, requests_frame(rows(res.records)))["wall_s"] < 5
 
@@ -247,7 +250,8 @@ async def test_a_timed_levels_prompt_synthesis_is_not_in_its_ttft(
     send stamp follows it (the server here answers in ~2 ms; a build of 150 ms inside the
     stamp would put every TTFT above 150 ms)."""
     _server, url = fake
-    res = await run_level(url, _SlowBodies(1000, 0.15), 1, options=ClientOptions(duration_s=0.5))
+    res = await run_level(url, _SlowBodies(1000, 0.15), 1,
+        options=ClientSettings(in_process_client=True, duration_s=0.5))
     assert res.records
     assert all(r.ok and r.first_ns for r in res.records)
     ttfts_ms = [((r.first_ns or 0) - (r.sent_ns or 0)) / 1e6 for r in res.records]
@@ -256,7 +260,8 @@ async def test_a_timed_levels_prompt_synthesis_is_not_in_its_ttft(
 
 async def test_several_client_processes_merge(fake: tuple[FakeOpenAI, str]) -> None:
     server, url = fake
-    res = await run_level(url, bodies(40), 6, warmup=2, options=ClientOptions(procs=2))
+    res = await run_level(url, bodies(40), 6, warmup=2,
+        options=ClientSettings(in_process_client=True, client_procs=2))
     assert server.peak == 6
     assert sorted(r.index for r in res.records) == list(range(40))
     assert {r.client_proc for r in res.records} == {0, 1}

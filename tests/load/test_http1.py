@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from lab.load import http1
-from lab.load.client import ClientOptions, run_level
+from lab.load.client import run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.http1 import Http1Connection, Origin, connect
 from lab.load.sse import RawResponse, parse_response, split_events
 from lab.load.workload import WorkloadSpec, build_requests
@@ -264,7 +265,8 @@ async def test_split_chunks_over_real_reads(scripted: tuple[_Scripted, str]) -> 
 async def test_timeout_is_a_row(scripted: tuple[_Scripted, str]) -> None:
     s, url = scripted
     s.reads = [HEAD + _chunked([EVENTS[1]])[:-5]]  # one token, then nothing more
-    res = await run_level(url, _bodies(2), 2, options=ClientOptions(timeout_s=0.3))
+    res = await run_level(url, _bodies(2), 2,
+        options=ClientSettings(in_process_client=True, timeout=0.3))
     assert [r.error_kind for r in res.records] == ["timeout", "timeout"]
     assert all(r.chunks == 1 for r in res.records)
 

@@ -14,7 +14,8 @@ import pytest
 
 from lab.analysis.client_health import client_health
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions, run_level
+from lab.load.client import run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.record import rows
 from lab.load.workload import WorkloadSpec, build_requests
 from lab.open_loop.client import run_rate_level
@@ -40,7 +41,8 @@ def bodies(n: int) -> list[dict]:
 async def test_closed_loop_resends_a_request_lost_to_an_idle_close(
         server: tuple[IdleCloseServer, str]) -> None:
     srv, url = server
-    res = await run_level(url, bodies(6), 2, options=ClientOptions(gap_ms=GAP_MS))
+    res = await run_level(url, bodies(6), 2,
+        options=ClientSettings(in_process_client=True, gap_ms=GAP_MS))
     errors = [(r.error_kind, r.error_message) for r in res.records if not r.ok]
     assert errors == [] and len(res.records) == 6
     assert srv.dropped >= 1  # the boundary was hit: requests were lost and resent
@@ -68,7 +70,8 @@ async def test_keep_alive_header_retires_idle_connections_before_the_server_does
     srv = IdleCloseServer(idle_s=1.0, window_s=0.9, keep_alive_header=True)
     url = await srv.start()
     try:
-        res = await run_level(url, bodies(3), 1, options=ClientOptions(gap_ms=950))
+        res = await run_level(url, bodies(3), 1,
+            options=ClientSettings(in_process_client=True, gap_ms=950))
     finally:
         await srv.stop()
     assert [r.error_kind for r in res.records] == [None] * 3

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 
 from lab.nagle.arms import (
     LAUNCHED_ARMS,
-    ProbeOptions,
     external_arms,
     launched_arms,
     parse_gaps,
 )
 from lab.nagle.command import nagle
 from lab.nagle.report import write_outputs
+from lab.nagle.settings import NagleSettings
 from lab.shared.settings import SocketSettings
 
 
@@ -75,7 +75,7 @@ def test_outputs_of_a_reproduced_probe(tmp_path: Path) -> None:
     )
     records.append({**_record("suspect", 1, 60, None), "error_kind": "timeout"})
     arms = launched_arms(["control", "suspect"], [0], 8)
-    _, verdict, table = write_outputs(tmp_path, records, arms, ProbeOptions(requests=60, many=8),
+    _, verdict, table = write_outputs(tmp_path, records, arms, NagleSettings(requests=60, many=8),
                                       external=False)
     assert verdict.outcome == "reproduced"
     assert "| suspect | 1 | 60 | 1 |" in table  # the failed request is counted, not sampled

@@ -17,7 +17,7 @@ import pytest
 import uvloop
 
 from lab.analysis.request_times import requests_frame
-from lab.load.client import ClientOptions
+from lab.load.client_settings import ClientSettings
 from lab.load.record import rows
 from lab.load.workload import RequestSet, WorkloadSpec
 from lab.open_loop.arrivals import ArrivalProcess, schedule_seed
@@ -53,7 +53,7 @@ def run(url: str, arrival: str, rate: float, n: int, *, osl: int = 16, seed: int
     offsets = ArrivalProcess.parse(arrival).schedule_ns(rate, n, level_seed)
     result = uvloop.run(run_rate_level(
         url, bodies, offsets, rate=rate, max_concurrency=cap, seed=level_seed,
-        options=ClientOptions(procs=procs, timeout_s=60.0)))
+        options=ClientSettings(in_process_client=True, client_procs=procs, timeout=60.0)))
     df = requests_frame(rows(result.records))
     assert len(df) == n and df["ok"].all(), df[~df["ok"]][["error_kind", "error_message"]]
     return df

@@ -13,7 +13,7 @@ import itertools
 
 import numpy as np
 
-from lab.load.client import ClientOptions
+from lab.load.client_settings import ClientSettings
 from lab.load.workload import RequestSet, WorkloadSpec
 from lab.open_loop.client import run_rate_level
 from tests.load.fake_http import start
@@ -32,7 +32,7 @@ async def test_a_send_takes_the_connection_idle_longest() -> None:
                            dtype=np.int64)
         bodies = RequestSet(WorkloadSpec(isl=8, osl=2), "m", 0, len(offsets))
         result = await run_rate_level(url, list(bodies), offsets, rate=10.0,
-                                      options=ClientOptions(isolate=False, timeout_s=30.0))
+                                      options=ClientSettings(in_process_client=True, timeout=30.0))
     finally:
         await runner.cleanup()
     assert all(r.ok for r in result.records), [r.error_message for r in result.records]

@@ -13,7 +13,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from lab.load.client import ClientOptions, run_level
+from lab.load.client import run_level
+from lab.load.client_settings import ClientSettings
 from lab.load.ray_client import LoadClientActor, RayClientPool, shift_record
 from lab.load.ray_settings import RaySettings
 from tests.procs import Proc
@@ -59,7 +60,8 @@ async def test_stamps_moved_onto_the_driver_clock(ray_cluster: RayCluster,
         bodies = [{"model": "fake-model", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
                   for _ in range(REQUESTS)]
         t0 = time.perf_counter_ns()
-        result = await run_level(url, bodies, CONC, options=ClientOptions(), remote=pool)
+        result = await run_level(url, bodies, CONC,
+            options=ClientSettings(in_process_client=True), remote=pool)
         t1 = time.perf_counter_ns()
     finally:
         pool.close()

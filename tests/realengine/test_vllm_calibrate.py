@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.fidelity.conftest import lab
 from tests.realengine.server import MODEL_NAME, VllmServer
 
@@ -22,6 +24,8 @@ PROBES = ("--context-isl", "64,256,1024", "--context-osl", "16", "--context-requ
 TOLERANCE_PCT = 10.0
 
 
+# the package's first test also waits for the server to start (70-150 s on 2 cores)
+@pytest.mark.timeout(600)
 def test_calibrate_fits_vllm_within_ten_percent(vllm_server: VllmServer, tokenizer_dir: Path,
                                                 tmp_path: Path) -> None:
     out = tmp_path / "cal"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import psutil
+import pytest
 from click.testing import CliRunner
 
 from lab.commands.sweep import sweep
@@ -17,6 +18,8 @@ from tests.realengine.server import MODEL_NAME, VllmServer
 ISL, OSL, REQUESTS = 136, 32, 16
 
 
+# the package's first test also waits for the server to start (70-150 s on 2 cores)
+@pytest.mark.timeout(420)
 def test_sweep_against_vllm_is_exact(vllm_server: VllmServer, tokenizer_dir: Path,
                                      tmp_path: Path) -> None:
     out = tmp_path / "run"
