@@ -5,8 +5,6 @@ predecessor's end plus the think time. Conflicting options are usage errors nami
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +12,9 @@ import pandas as pd
 from click.testing import CliRunner
 
 from lab.commands.sweep import sweep
+from tests.in_process import lab
 from tests.usage_errors import assert_usage_error, usage_cases
 
-LAB = str(Path(sys.executable).parent / "lab")
 ISL, OSL, TURNS = 32, 8, 3
 
 
@@ -32,12 +30,9 @@ def test_conversation_conflicts_are_usage_errors(args: list[str], named: str) ->
 
 
 def _sweep(run: Path, *level: str) -> pd.DataFrame:
-    proc = subprocess.run(
-        [LAB, "sweep", "--endpoint", "chat", "--turns",
-         str(TURNS), "--think-ms", "20",
-         "--isl", str(ISL), "--osl", str(OSL), "--requests", "6", "--warmup", "0",
-         "--speedup", "1000", *level, "--out", str(run), "--quiet", "--no-plots"],
-        capture_output=True, text=True, timeout=240)
+    proc = lab("sweep", "--endpoint", "chat", "--turns", str(TURNS), "--think-ms", "20",
+               "--isl", str(ISL), "--osl", str(OSL), "--requests", "6", "--warmup", "0",
+               "--speedup", "1000", *level, "--out", str(run), "--quiet", "--no-plots")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = pd.read_parquet(run / "requests.parquet")
     assert req["ok"].all(), req.loc[~req["ok"], ["error_kind", "error_message"]]
@@ -65,8 +60,7 @@ def test_each_turn_sends_the_history_with_the_previous_answer(tmp_path: Path) ->
     assert "per level: 6 conversations of 3 turns (18 requests)" in header, header
     _check_turn_table((tmp_path / "run" / "report.md").read_text(), req)
     # `lab report` rebuilds the report and prints the same table
-    proc = subprocess.run([LAB, "report", str(tmp_path / "run"), "--no-plots"],
-                          capture_output=True, text=True, timeout=120)
+    proc = lab("report", str(tmp_path / "run"), "--no-plots")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _check_turn_table(proc.stdout, req)
 

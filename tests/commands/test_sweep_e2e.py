@@ -4,8 +4,6 @@ against a frontend started separately. Checks the run directory and the numbers'
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,16 +11,12 @@ import numpy as np
 import pandas as pd
 
 from lab.analysis.rundir import read_requests
+from tests.in_process import lab
 from tests.procs import Proc, frontend_argv, mocker_argv, sidecar_argv
 
 OSL = 16
 ISL = 24
 REQUESTS = 20
-
-
-def lab(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "lab"), *args],
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def same(ms: pd.Series, ns: pd.Series) -> bool:

@@ -3,23 +3,20 @@ and the report has a fault section and a timeline plot."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from lab.analysis.faults import analyse_faults, request_workers
 from lab.analysis.rundir import read_events
+from tests.in_process import lab
 
 
 def test_kill_mid_sweep(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "lab"), "sweep", "--engines", "2", "--conc", "4",
-         "--duration", "7", "--osl", "16", "--isl", "24", "--fault", "engine-1:kill@2s",
-         "--restart-engine", "on-failure", "--out", str(run), "--quiet"],
-        capture_output=True, text=True, timeout=150)
+    proc = lab("sweep", "--engines", "2", "--conc", "4", "--duration", "7", "--osl", "16",
+               "--isl", "24", "--fault", "engine-1:kill@2s", "--restart-engine", "on-failure",
+               "--out", str(run), "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = pd.read_parquet(run / "requests.parquet")
     analysis = analyse_faults(req, read_events(run))
@@ -44,12 +41,10 @@ def test_freeze_mid_sweep_moves_requests_and_the_worker_returns(tmp_path: Path) 
     out, and it is back after the unfreeze. Generous bounds: the figures are in
     docs/reliability.md "What the lab promises, measured"."""
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "lab"), "sweep", "--engines", "2", "--conc", "8",
-         "--duration", "9", "--osl", "64", "--isl", "24", "--speedup", "1",
-         "--fault", "engine-1:freeze@2s,engine-1:unfreeze@6s", "--out", str(run), "--quiet",
-         "--no-plots"],
-        capture_output=True, text=True, timeout=150)
+    proc = lab("sweep", "--engines", "2", "--conc", "8", "--duration", "9", "--osl", "64",
+               "--isl", "24", "--speedup", "1", "--fault",
+               "engine-1:freeze@2s,engine-1:unfreeze@6s", "--out", str(run), "--quiet",
+               "--no-plots")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = pd.read_parquet(run / "requests.parquet")
     freeze, unfreeze = analyse_faults(req, read_events(run)).outcomes

@@ -4,8 +4,6 @@ per-second timeline, the open-loop section and the fault's recovery sentence."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ from click.testing import CliRunner
 
 from lab.analysis.rundir import read_events
 from lab.commands.sweep import sweep
+from tests.in_process import lab
 from tests.usage_errors import assert_usage_error, usage_cases
 
 
@@ -37,12 +36,10 @@ def test_bad_open_loop_options_are_usage_errors(args: list[str], named: str) -> 
 def test_open_loop_through_a_freeze_counts_every_request(tmp_path: Path) -> None:
     run = tmp_path / "run"
     rate, n = 40.0, 200
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "lab"), "sweep", "--engines", "2", "--rate", "40",
-         "--requests", str(n), "--osl", "16", "--isl", "16", "--speedup", "1",
-         "--fault", "engine-1:freeze@1.5s,engine-1:unfreeze@3.5s", "--out", str(run),
-         "--quiet"],
-        capture_output=True, text=True, timeout=150)
+    proc = lab("sweep", "--engines", "2", "--rate", "40", "--requests", str(n), "--osl", "16",
+               "--isl", "16", "--speedup", "1",
+               "--fault", "engine-1:freeze@1.5s,engine-1:unfreeze@3.5s", "--out", str(run),
+               "--quiet")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = pd.read_parquet(run / "requests.parquet")
     assert len(req) == n and req["rate"].eq(rate).all()
@@ -66,11 +63,8 @@ def test_open_loop_through_a_freeze_counts_every_request(tmp_path: Path) -> None
 
 def test_rate_auto_brackets_the_saturation_rate(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "lab"), "sweep", "--rate", "auto", "--requests", "40",
-         "--osl", "8", "--isl", "8", "--speedup", "1000", "--out", str(run), "--quiet",
-         "--no-plots"],
-        capture_output=True, text=True, timeout=240)
+    proc = lab("sweep", "--rate", "auto", "--requests", "40", "--osl", "8", "--isl", "8",
+               "--speedup", "1000", "--out", str(run), "--quiet", "--no-plots")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     levels = pd.read_csv(run / "levels.csv")
     closed = levels[levels["rate"].isna()]

@@ -4,8 +4,6 @@ the trace; bad traces and conflicting options are usage errors naming what is wr
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +14,8 @@ from click.testing import CliRunner
 from lab.commands.sweep import sweep
 from lab.commands.trace import trace
 from lab.load.trace import expected_cached_tokens, offsets_ns, read_trace
+from tests.in_process import lab
 from tests.usage_errors import assert_usage_error, usage_cases
-
-LAB = str(Path(sys.executable).parent / "lab")
 
 
 @usage_cases(
@@ -65,9 +62,8 @@ def test_replay_keeps_the_trace_times_and_its_prefix_reuse(tmp_path: Path) -> No
                                         "--prefix-blocks", "2", "--seed", "3"])
     assert result.exit_code == 0 and "reused blocks" in result.output, result.output
     requests = read_trace(path)
-    proc = subprocess.run(
-        [LAB, "sweep", "--trace", str(path), "--speedup", "1000",
-         "--out", str(run), "--quiet", "--no-plots"], capture_output=True, text=True, timeout=240)
+    proc = lab("sweep", "--trace", str(path), "--speedup", "1000", "--out", str(run), "--quiet",
+               "--no-plots")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = pd.read_parquet(run / "requests.parquet").sort_values("index")
     assert len(req) == len(requests) and req["ok"].all()

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from lab.analysis.rundir import read_requests
+from tests import in_process
 from tests.commands.test_token_stream import lab, sweep
 
 
@@ -51,9 +52,10 @@ def test_events_of_one_stream_share_a_write_each_still_its_own_event(tmp_path: P
         state = json.loads((stack / "state.json").read_text())
         pids = {p["role"]: p["pid"] for p in state["processes"]}
         before = {role: write_syscalls(pid) for role, pid in pids.items()}
-        proc = lab("sweep", "--target", state["frontend_url"], "--model", "mocker-model",
-                   "--conc", "1", "--requests", "8", "--warmup", "0", "--osl", "128", "--isl",
-                   "32", "--out", str(tmp_path / "run"), "--quiet", "--no-plots")
+        proc = in_process.lab("sweep", "--target", state["frontend_url"], "--model",
+                              "mocker-model", "--conc", "1", "--requests", "8", "--warmup", "0",
+                              "--osl", "128", "--isl", "32", "--out", str(tmp_path / "run"),
+                              "--quiet", "--no-plots")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         writes = {role: write_syscalls(pid) - before[role] for role, pid in pids.items()}
     finally:

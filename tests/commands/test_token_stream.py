@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +14,21 @@ import pandas as pd
 import pytest
 
 from lab.analysis.rundir import read_requests
+from tests import in_process
 
 OSL = 128
 
 
 def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`lab` as its own process: `lab up --detach` and `lab down` (the detached launcher
+    outlives the command)."""
     return subprocess.run([str(Path(sys.executable).parent / "lab"), *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
 def sweep(run: Path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str]:
-    proc = lab("sweep", "--osl", str(OSL), "--isl", "32",
-               "--out", str(run), "--quiet", "--no-plots", *args)
+    proc = in_process.lab("sweep", "--osl", str(OSL), "--isl", "32",
+                          "--out", str(run), "--quiet", "--no-plots", *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     req = read_requests(run)
     req = req[~req["warmup"]]
@@ -85,29 +88,23 @@ def test_a_client_that_stops_reading_does_not_stall_the_other_streams(tmp_path: 
     assert up.returncode == 0, up.stdout + up.stderr
     url = next(w for w in up.stdout.split() if w.startswith("http://"))
     host, port = url.removeprefix("http://").split(":")
-
-    async def stalled_then_sweep() -> subprocess.CompletedProcess:
-        reader, writer = await asyncio.open_connection(host, int(port))
+    try:
         body = json.dumps({"model": "mocker-model", "prompt": [5, 6, 7], "stream": True,
                            "max_tokens": 200_000, "min_tokens": 200_000,
                            "ignore_eos": True}).encode()
-        writer.transport.set_write_buffer_limits(0)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: "
-                     + str(len(body)).encode() + b"\r\n\r\n" + body)
-        await writer.drain()
-        await reader.readuntil(b"\r\n\r\n")  # headers: the stream runs; now stop reading
-        writer.transport.pause_reading()
-        try:
-            return await asyncio.to_thread(
-                lab, "sweep", "--target", url, "--model", "mocker-model", "--conc", "8",
-                "--requests", "32", "--osl", str(OSL), "--isl", "32", "--out",
-                str(tmp_path / "run"), "--quiet", "--no-plots", "--timeout", "60")
-        finally:
-            writer.close()
-
-    try:
-        proc = asyncio.run(stalled_then_sweep())
+        with socket.create_connection((host, int(port)), timeout=30) as stalled:
+            stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Type: application/json\r\nContent-Length: "
+                            + str(len(body)).encode() + b"\r\n\r\n" + body)
+            head = b""
+            while b"\r\n\r\n" not in head:  # the headers: the stream runs; now stop reading
+                chunk = stalled.recv(1)
+                assert chunk, "the frontend closed the stalled stream"
+                head += chunk
+            proc = in_process.lab("sweep", "--target", url, "--model", "mocker-model", "--conc",
+                                  "8", "--requests", "32", "--osl", str(OSL), "--isl", "32",
+                                  "--out", str(tmp_path / "run"), "--quiet", "--no-plots",
+                                  "--timeout", "60")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         req = pd.read_parquet(tmp_path / "run" / "requests.parquet")
         req = req[~req["warmup"]]

@@ -12,6 +12,7 @@ from pathlib import Path
 from lab.shared.settings import SocketSettings
 from launch.stack import Stack
 from launch.topology import TopologySpec
+from tests import in_process
 
 N = 30
 
@@ -70,11 +71,12 @@ async def test_external_probe_localises_a_stall_in_the_http_response_path(tmp_pa
     assert "TTFT is the full response time" in (out / "report.md").read_text()
 
 
-async def test_external_probe_unreachable_target_fails_clearly(tmp_path: Path) -> None:
-    rc, _, err = await _lab("nagle", "--target", "http://127.0.0.1:9", "--model", "m",
-                            "--out", str(tmp_path / "x"), timeout=30)
-    assert rc == 2, err
-    assert "--target" in err and "cannot reach http://127.0.0.1:9" in err
-    assert "Traceback" not in err
-    rc, _, err = await _lab("nagle", "--target", "http://127.0.0.1:9", timeout=30)
-    assert rc == 2 and "--target" in err and "cannot reach" in err  # before any --model check
+def test_external_probe_unreachable_target_fails_clearly(tmp_path: Path) -> None:
+    ran = in_process.lab("nagle", "--target", "http://127.0.0.1:9", "--model", "m",
+                         "--out", str(tmp_path / "x"))
+    assert ran.returncode == 2, ran.stderr
+    assert "--target" in ran.stderr and "cannot reach http://127.0.0.1:9" in ran.stderr
+    assert "Traceback" not in ran.stderr
+    ran = in_process.lab("nagle", "--target", "http://127.0.0.1:9")
+    assert ran.returncode == 2 and "--target" in ran.stderr and "cannot reach" in ran.stderr
+    # (before any --model check)

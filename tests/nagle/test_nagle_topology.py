@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-
-def _lab(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=timeout
-    )
+from tests.in_process import lab as _lab
 
 
 def test_nagle_launches_each_arm_on_the_topology_file(tmp_path: Path) -> None:
