@@ -361,3 +361,21 @@ def test_first_token_floor_after_the_request_finished(tmp_path: object) -> None:
     end, out = run_until_idle(sched)
     assert [(t, s.position, s.completed) for t, s in out] == [(41.0, 0, False), (41.0, 1, True)]
     assert end == 41.0
+
+
+def test_vllm_prefix_hit_is_whole_blocks_below_the_prompt() -> None:
+    """vLLM's hit is whole blocks within prompt - 1 (KVCacheManager.get_computed_blocks): a
+    prompt cached to its last block recomputes that whole block; one token past a block
+    boundary recomputes only the tokens past it."""
+    s = Scheduler(EngineArgs(engine_type="vllm", speedup_ratio=0.0))  # block 64
+    prompt = list(range(5000, 5128))  # 128 tokens = 2 full blocks
+    s.add(req("a", prompt, 2))
+    run_until_idle(s)
+    s.add(req("b", prompt, 2))
+    res = s.step(0.0)
+    assert res.signals[0].cached_tokens == 64  # not 127: the last block is recomputed
+    assert res.prefill_tokens == 64
+    run_until_idle(s)
+    s.add(req("c", [*prompt, 1, 2], 2))  # 130 tokens: both cached blocks are below 129
+    res = s.step(0.0)
+    assert res.signals[0].cached_tokens == 128 and res.prefill_tokens == 2
