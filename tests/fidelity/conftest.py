@@ -27,10 +27,11 @@ def true_engine_args(tmp_path: Path) -> Path:
     return write_true_engine(tmp_path / "true")
 
 
-def _stack(stack: Path, engine_args: Path, disagg: bool = False) -> Iterator[str]:
+def lab_stack(stack: Path, engine_args: Path, disagg: bool = False,
+              speedup: str = "1") -> Iterator[str]:
     """A detached `lab up` (1 prefill + 1 decode with `disagg`): its URL, `lab down` after."""
     shape = ["--disagg"] if disagg else []
-    up = lab("up", "--detach", *shape, "--engine-args", str(engine_args), "--speedup", "1",
+    up = lab("up", "--detach", *shape, "--engine-args", str(engine_args), "--speedup", speedup,
              "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
@@ -42,24 +43,24 @@ def _stack(stack: Path, engine_args: Path, disagg: bool = False) -> Iterator[str
 
 @pytest.fixture
 def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
-    yield from _stack(tmp_path / "target", true_engine_args)
+    yield from lab_stack(tmp_path / "target", true_engine_args)
 
 
 @pytest.fixture
 def true_disagg_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
     """The same curve, 1 prefill + 1 decode engine."""
-    yield from _stack(tmp_path / "target-disagg", true_engine_args, disagg=True)
+    yield from lab_stack(tmp_path / "target-disagg", true_engine_args, disagg=True)
 
 
 @pytest.fixture
 def floor_target(tmp_path: Path) -> Iterator[str]:
     """The same curve behind a first-token floor (`request_mode: floor`) instead of a
     request latency."""
-    yield from _stack(tmp_path / "target", write_true_engine(tmp_path / "true", floor=True))
+    yield from lab_stack(tmp_path / "target", write_true_engine(tmp_path / "true", floor=True))
 
 
 @pytest.fixture
 def linear_target(tmp_path: Path) -> Iterator[str]:
     """A target whose engine's pass costs what is in it (the `linear` model, known
     coefficients)."""
-    yield from _stack(tmp_path / "target", write_linear_engine(tmp_path / "true"))
+    yield from lab_stack(tmp_path / "target", write_linear_engine(tmp_path / "true"))

@@ -23,7 +23,7 @@ from lab.fidelity.suite import SUITE
 from lab.load.trace import write_trace
 from lab.load.trace_synth import SynthSpec, synth_trace
 from launch.events import read_events
-from tests.fidelity.conftest import LAB, ROOT, lab
+from tests.fidelity.conftest import LAB, ROOT, lab, lab_stack
 
 COMMON = ("--prompt-kind", "token_ids", "--no-plots", "--in-process-client")
 #: the suite's target and lab run 10x faster than real time: its ISL 2048 levels take seconds
@@ -33,15 +33,7 @@ SUITE_SPEEDUP = "10"
 @pytest.fixture
 def fast_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
     """The known curve at --speedup 10."""
-    stack = tmp_path / "target"
-    up = lab("up", "--detach", "--engine-args", str(true_engine_args), "--speedup",
-             SUITE_SPEEDUP, "--out", str(stack))
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield next(w for w in up.stdout.split() if w.startswith("http://"))
-    finally:
-        down = lab("down", str(stack))
-        assert down.returncode == 0, down.stdout + down.stderr
+    yield from lab_stack(tmp_path / "target", true_engine_args, speedup=SUITE_SPEEDUP)
 
 
 def _levels(path: Path) -> pd.DataFrame:
