@@ -10,7 +10,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +26,9 @@ from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
 from lab.sweep.sweep_settings import SweepSettings
 from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_options
 from launch.topology_settings import TopologySettings
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_CONC = "1,32,128"
 DEFAULT_SPEEDUP = 1.0  # the target runs in real time: so does the lab side
@@ -467,11 +470,15 @@ def suite_report(run_dir: Path, sides: list[Side], entries: list[Any], saturatio
     dirs = [run_dir] if repeat == 1 else [run_dir / f"repeat-{k}" for k in range(1, repeat + 1)]
     labs = _lab_sides(sides)
     gaps = {}
+    levels: dict[tuple[str, str, int], pd.DataFrame] = {}  # (entry, side, repeat) -> levels
     for entry in entries:
-        target = [load_run(d / entry.name / "target").levels for d in dirs]
+        for k, d in enumerate(dirs, start=1):
+            for s in ["target", *(s.name for s in labs)]:
+                levels[entry.name, s, k] = load_run(d / entry.name / s).levels
+        target = [levels[entry.name, "target", k] for k in range(1, len(dirs) + 1)]
         gaps[entry.name] = {s.name: suite.entry_gaps(
-            target, [load_run(d / entry.name / s.name).levels for d in dirs], entry.is_trace)
-            for s in labs}
+            target, [levels[entry.name, s.name, k] for k in range(1, len(dirs) + 1)],
+            entry.is_trace) for s in labs}
     rows = suite.suite_rows(gaps, entries)
     stats = suite.summary(rows, [s.name for s in labs])
     also = "".join(f"; {n}: {f}" for n, f in _also(kw))
@@ -487,6 +494,7 @@ def suite_report(run_dir: Path, sides: list[Side], entries: list[Any], saturatio
     intro += ["", f"Lab engine args: {kw['engine_args'] or 'defaults'}{also}, speedup "
               f"{kw['speedup']:g}. Gap = (lab - target) / target; {spread}.", ""]
     text = suite.suite_markdown(rows, [(s.name, s.column) for s in labs], stats, intro)
+    text += client_health_notes(levels, repeat)
     text += f"\nRun directory: {run_dir}\n"
     suite.write_suite(run_dir, text, {
         "target": kw["target"], "repeat": repeat,
@@ -500,6 +508,24 @@ def suite_report(run_dir: Path, sides: list[Side], entries: list[Any], saturatio
         "sides": {s.name: {"title": s.column, "engine_args": s.engine_args} for s in labs},
         "rows": [r.to_dict() for r in rows], "summary": stats})
     return text
+
+
+def client_health_notes(levels: dict[tuple[str, str, int], pd.DataFrame], repeat: int) -> str:
+    """The sweeps whose load client did not keep up (lab.report.markdown.client_sentence): a
+    lagging event loop on the target's side (a CPU engine that busy-polls both cores can starve
+    the client) delays its timestamps, so those levels' gaps are the client's as much as the
+    engine's. Empty when every client kept up."""
+    from lab.report.markdown import client_sentence
+
+    notes = []
+    for (entry, side, k), lv in levels.items():
+        sentence = client_sentence(lv)
+        if not sentence.startswith(("the client kept up", "client health: not recorded")):
+            where = f"{entry}, {side}" + (f", repeat {k}" if repeat > 1 else "")
+            notes.append(f"* {where}: {sentence}")
+    if not notes:
+        return "\nClient health: every sweep's client kept up.\n"
+    return "\n".join(["", "## Client health", "", *notes, ""])
 
 
 def _lab_sides(sides: list[Side]) -> list[Side]:

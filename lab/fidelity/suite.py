@@ -161,7 +161,10 @@ def suite_rows(gaps: dict[str, dict[str, list[Gap]]], entries: list[SuiteEntry]
 
 def summary(rows: list[SuiteRow], sides: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """Per lab side, per metric (and 'all'): the mean absolute gap over the levels that have
-    one, their count, and the share of them within each of BANDS (%)."""
+    one, their count, the share of them within each of BANDS (%), and the share within the
+    target's own spread over the repeats (`within_spread_pct`, of the levels that have a
+    spread: a gap no larger than the target's run-to-run range is not one the suite resolves;
+    NaN with one repeat)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for side in sides:
         per: dict[str, dict[str, float]] = {}
@@ -175,6 +178,11 @@ def summary(rows: list[SuiteRow], sides: list[str]) -> dict[str, dict[str, dict[
             for band in BANDS:
                 stats[f"within_{band:g}_pct"] = (100.0 * sum(g <= band for g in gaps)
                                                  / len(gaps)) if gaps else math.nan
+            spread = [abs(r.sides[side][1]) <= r.target_spread_pct for r in rows
+                      if side in r.sides and (metric == "all" or r.metric == metric)
+                      and math.isfinite(r.sides[side][1]) and math.isfinite(r.target_spread_pct)]
+            stats["within_spread_pct"] = (100.0 * sum(spread) / len(spread)) if spread \
+                else math.nan
             per[metric] = stats
         out[side] = per
     return out
@@ -217,10 +225,12 @@ def suite_markdown(rows: list[SuiteRow], sides: list[tuple[str, str]],
             summary_rows.append([title, labels[metric], str(int(s["levels"])),
                                  "-" if not math.isfinite(s["mean_abs_gap_pct"])
                                  else f"{s['mean_abs_gap_pct']:.1f}%",
-                                 *[_share(s[f"within_{b:g}_pct"]) for b in BANDS]])
+                                 *[_share(s[f"within_{b:g}_pct"]) for b in BANDS],
+                                 _share(s["within_spread_pct"])])
     lines = [*intro, md_table(header, body), "", "## Mean absolute gap over the levels", "",
              md_table(["lab side", "metric", "levels", "mean |gap|",
-                       *[f"within {b:g}%" for b in BANDS]], summary_rows), ""]
+                       *[f"within {b:g}%" for b in BANDS], "within the target's spread"],
+                      summary_rows), ""]
     return "\n".join(lines)
 
 
