@@ -143,6 +143,11 @@ def start(model_dir: Path, log_path: Path, *, venv: Path | None = None, kv_gib: 
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", "0",
             "--max-model-len", "8192", "--dtype", "bfloat16", "--max-num-seqs", "64",
+            # eager: no torch.compile (inductor) warm-up at start, which took 27 s of the
+            # server's 63 s start on 2 cores; the compute is the same attention and matmuls,
+            # run by PyTorch's eager kernels instead of inductor's fused ones
+            # (docs/measurements.md "The real-engine tests' server")
+            "--enforce-eager",
             *extra_args]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), OMP_NUM_THREADS=str(threads),
                VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1",
