@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab.fidelity.fit import Fit, path_at
-from lab.fidelity.pass_fit import LinearFit
+from lab.fidelity.pass_fit import FLOOR_ERROR_SHARE, LinearFit
 from lab.fidelity.probes import ProbeResult
 from lab.report.markdown import fnum, md_table
 from mocker.engine.config import DEFAULT_FIRST_TOKEN_DECODE
@@ -23,9 +23,16 @@ def linear_markdown(fit: LinearFit) -> list[str]:
     rows = [[r["probe"], r["figure"], fnum(r["measured_ms"], 2), fnum(r["predicted_ms"], 2),
              _pct(r["residual_pct"]), r["note"]] for r in fit.residuals()]
     worst = max((abs(r["residual_pct"]) for r in fit.residuals()), default=math.nan)
+    reading = ("a first-token floor (the TTFT is the larger of the request terms and the "
+               "prefill passes)" if fit.request_mode == "floor" else
+               "a latency before scheduling (added to the prefill passes)")
+    errors = ", ".join(f"{mode} {err:.4f}" for mode, err in fit.mode_evidence.items())
     return ["## Linear pass model", "",
             f"Coefficients (ms; a pass's budget of {fit.max_num_batched_tokens} tokens): {coef}. "
             f"Largest residual {worst:.1f}%.", "",
+            f"The request terms are read as {reading}: `request_mode` {fit.request_mode} "
+            f"(summed squared relative error: {errors or 'delay only'}; a floor is kept below "
+            f"{FLOOR_ERROR_SHARE:g} of the delay's).", "",
             md_table(["probe", "figure", "measured ms", "model ms", "residual", "what"], rows),
             ""]
 

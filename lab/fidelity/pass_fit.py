@@ -18,6 +18,15 @@ divided by its measured figure, so a 5 ms decode step weighs as much as a 1 s pr
 soft-L1 loss past `ROBUST_SCALE`: one probe slowed by a neighbour's CPU burst on a shared
 machine (a decode step 40% off the rest) pulls the fit less than in plain least squares, and
 its residual in the report says which probe it was.
+
+The target's per-request path is a latency before scheduling (``delay``) in the equations
+above. Some serving paths instead hold the first token back while the engine works (Dynamo
+1.6.1's ~41 ms at concurrency 1, docs/fidelity.md "Dynamo's first-token floor"): the TTFT is
+then max(floor, prefill), not their sum. `fit_linear` also fits that ``floor`` reading (the
+passes from the decode steps, the prefill gaps and the TTFTs the floor does not hold; the
+floor from the TTFTs it holds) and keeps it when its squared relative error is below
+`FLOOR_ERROR_SHARE` of the delay reading's: a small per-request latency fits both readings
+about equally, and a delay is what a plain HTTP path adds.
 """
 
 from __future__ import annotations
@@ -32,11 +41,16 @@ from scipy.optimize import least_squares, nnls
 
 from lab.fidelity.fit import Fit, path_at
 from lab.fidelity.probes import ProbeResult
-from mocker.engine.config import LINEAR_TERMS
+from mocker.engine.config import LINEAR_PASS_TERMS, LINEAR_TERMS, REQUEST_MODES
 from mocker.engine.timing import pass_features, prefill_pairs
 
 #: relative error past which an equation's weight falls off (soft-L1 loss)
 ROBUST_SCALE = 0.1
+#: the floor reading of the request terms is kept when its summed squared relative error is
+#: below this share of the delay reading's
+FLOOR_ERROR_SHARE = 0.5
+#: how many of an equation's features are the pass terms (the rest are the request terms)
+_PASS_TERMS = len(LINEAR_PASS_TERMS)
 #: what a decode figure, a time to first token and a prefill gap are called in the report
 DECODE, TTFT, PREFILL_GAP = "decode step", "TTFT - lab path", "prefill gap"
 
@@ -60,10 +74,20 @@ class LinearFit:
     equations: list[Equation]
     max_num_batched_tokens: int
     warnings: list[str] = field(default_factory=list)
+    request_mode: str = REQUEST_MODES[0]  # delay, or floor: the TTFT is max(request, passes)
+    #: each reading's summed squared relative error (`squared_error`), by request mode
+    mode_evidence: dict[str, float] = field(default_factory=dict)
 
     def predicted_ms(self, eq: Equation) -> float:
-        return sum(f * self.coefficients[name]
-                   for f, name in zip(eq.features, LINEAR_TERMS, strict=True))
+        terms = [f * self.coefficients[name]
+                 for f, name in zip(eq.features, LINEAR_TERMS, strict=True)]
+        if self.request_mode == "floor" and eq.figure == TTFT:
+            return max(sum(terms[:_PASS_TERMS]), sum(terms[_PASS_TERMS:]))
+        return sum(terms)
+
+    def squared_error(self) -> float:
+        """Sum over the equations of the squared relative error of the prediction."""
+        return sum((self.predicted_ms(e) / e.measured_ms - 1.0) ** 2 for e in self.equations)
 
     def residuals(self) -> list[dict[str, Any]]:
         """Per equation: measured, predicted, and the predicted error in % of measured."""
@@ -78,10 +102,13 @@ class LinearFit:
 
     def timing(self) -> dict[str, Any]:
         """The engine args' ``timing`` object of this fit."""
-        return {"type": "linear", **{k: float(f"{v:.6g}") for k, v in self.coefficients.items()}}
+        floor = {"request_mode": "floor"} if self.request_mode == "floor" else {}
+        return {"type": "linear", **{k: float(f"{v:.6g}") for k, v in self.coefficients.items()},
+                **floor}
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": "linear", "coefficients": self.coefficients,
+                "request_mode": self.request_mode, "mode_evidence": self.mode_evidence,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "residuals": self.residuals(), "warnings": self.warnings}
 
@@ -157,6 +184,19 @@ def fit_linear(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
                          "probes above 1, and does the target stream one token per event?)")
     if not any(e.figure == TTFT for e in eqs):
         raise ValueError("no concurrency-1 context probe measured a TTFT: cannot fit prefill")
+    delay = LinearFit(_solve(eqs), eqs, budget, warnings)
+    floor = _fit_floor(eqs, budget, warnings)
+    evidence = {"delay": delay.squared_error()}
+    if floor is not None:
+        evidence["floor"] = floor.squared_error()
+    chosen = floor if floor is not None and \
+        evidence["floor"] < FLOOR_ERROR_SHARE * evidence["delay"] else delay
+    chosen.mode_evidence = evidence
+    return chosen
+
+
+def _solve(eqs: Sequence[Equation]) -> dict[str, float]:
+    """The non-negative coefficients of `eqs` (robust least squares of relative errors)."""
     a = np.array([[f / e.measured_ms for f in e.features] for e in eqs])
     # scale each column to unit norm so the solver sees terms of comparable size
     norms = np.linalg.norm(a, axis=0)
@@ -166,8 +206,41 @@ def fit_linear(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
     start, _ = nnls(scaled, ones)
     x = least_squares(lambda c: scaled @ c - ones, start, bounds=(0.0, np.inf),
                       loss="soft_l1", f_scale=ROBUST_SCALE).x
-    coefficients = {name: float(v) for name, v in zip(LINEAR_TERMS, x / norms, strict=True)}
-    return LinearFit(coefficients, eqs, budget, warnings)
+    return {name: float(v) for name, v in zip(LINEAR_TERMS, x / norms, strict=True)}
+
+
+def _fit_floor(eqs: list[Equation], budget: int, warnings: list[str]) -> LinearFit | None:
+    """The floor reading: TTFT - lab path = max(request_ms + request_token_ms x T, passes).
+
+    The passes come from every equation but the TTFTs the floor holds (the decode steps, the
+    prefill gaps, and a TTFT above the floor, with its request features set to 0); the floor
+    from the TTFTs it holds. Which TTFTs the floor holds is found in two rounds: first the
+    passes without any TTFT, then again with the TTFTs above the floor those passes give.
+    None without a prefill gap (nothing but the TTFTs prices a prefill then) or when no TTFT
+    is held by a floor."""
+    if not any(e.figure == PREFILL_GAP for e in eqs):
+        return None
+    zero_request = (0.0,) * (len(LINEAR_TERMS) - _PASS_TERMS)
+    ttfts = [e for e in eqs if e.figure == TTFT]
+    passes_only = [e for e in eqs if e.figure != TTFT]
+    held: list[Equation] = []
+    coefficients: dict[str, float] = {}
+    for _ in range(2):
+        free = [Equation(e.source, e.figure, e.features[:_PASS_TERMS] + zero_request,
+                         e.measured_ms, e.note) for e in ttfts if e not in held]
+        coefficients = _solve(passes_only + free) if held else _solve(passes_only)
+        pass_coef = [coefficients[n] for n in LINEAR_PASS_TERMS]
+        held = [e for e in ttfts
+                if sum(f * c for f, c in zip(e.features, pass_coef, strict=False))
+                < e.measured_ms]
+        if not held:
+            return None
+    # the floor: non-negative least squares of relative errors over the held TTFTs
+    a = np.array([[f / e.measured_ms for f in e.features[_PASS_TERMS:]] for e in held])
+    floor, _ = nnls(a, np.ones(len(held)))
+    for name, v in zip(LINEAR_TERMS[_PASS_TERMS:], floor, strict=True):
+        coefficients[name] = float(v)
+    return LinearFit(coefficients, eqs, budget, warnings, request_mode="floor")
 
 
 def linear_engine_args(fit: LinearFit, profile: Fit, engine_type: str) -> dict[str, Any]:

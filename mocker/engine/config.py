@@ -32,15 +32,18 @@ DEFAULT_KV_BYTES_PER_TOKEN = 32 * 2 * 8 * 128 * 2
 TIMING_TYPES = ("polynomial", "linear", "fixed", "profile")
 #: the per-pass coefficients of the ``linear`` timing model (ms; mocker/engine/timing.py), in
 #: the order of `mocker.engine.timing.pass_features`
-LINEAR_PASS_TERMS = ("pass_ms", "token_ms", "seq_ms", "kv_token_ms", "attention_mpair_ms")
-#: its per-request coefficients: a latency before the request may be scheduled (no pass)
+LINEAR_PASS_TERMS = ("pass_ms", "token_ms", "seq_ms", "kv_token_ms", "attention_mpair_ms",
+                     "prefill_pass_ms")
+#: its per-request coefficients: a latency before the request may be scheduled (no pass), or
+#: with ``request_mode: floor`` a first-token floor (REQUEST_MODES)
 LINEAR_REQUEST_TERMS = ("request_ms", "request_token_ms")
 LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
-#: how a profile's ``request`` rows apply (docs/mocker.md "Timing"): ``delay`` = the request
-#: may not be scheduled before arrival + request(T); ``floor`` = it is scheduled at once, but
-#: its first token is not emitted before arrival + request(T) (tokens produced earlier are held
-#: and emitted together), as a serving path that holds the first response bytes back while
-#: the engine works (Dynamo 1.6.1's TTFT at concurrency 1, docs/fidelity.md)
+#: how a profile's ``request`` rows (the ``linear`` model's request terms) apply
+#: (docs/mocker.md "Timing"): ``delay`` = the request may not be scheduled before arrival +
+#: request(T); ``floor`` = it is scheduled at once, but its first token is not emitted before
+#: arrival + request(T) (tokens produced earlier are held and emitted together), as a serving
+#: path that holds the first response bytes back while the engine works (Dynamo 1.6.1's TTFT
+#: at concurrency 1, docs/fidelity.md)
 REQUEST_MODES = ("delay", "floor")
 
 
@@ -171,7 +174,7 @@ def _validate_timing(t: Any) -> None:
     if kind not in TIMING_TYPES:
         raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
     allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
-               "linear": {"type", *LINEAR_TERMS},
+               "linear": {"type", "request_mode", *LINEAR_TERMS},
                "profile": {"type", "path", "request_mode"}}[kind]
     for key in t:
         if key not in allowed:
@@ -190,7 +193,7 @@ def _validate_timing(t: Any) -> None:
         p = t.get("path")
         if not isinstance(p, str) or not p:
             raise ValueError(f"timing.path must be a non-empty file path, got {p!r}")
-        mode = t.get("request_mode", REQUEST_MODES[0])
-        if mode not in REQUEST_MODES:
-            raise ValueError(
-                f"timing.request_mode must be one of {', '.join(REQUEST_MODES)}, got {mode!r}")
+    mode = t.get("request_mode", REQUEST_MODES[0])
+    if mode not in REQUEST_MODES:
+        raise ValueError(
+            f"timing.request_mode must be one of {', '.join(REQUEST_MODES)}, got {mode!r}")

@@ -11,12 +11,14 @@ Models (selected by `EngineArgs.timing["type"]`):
 
   ``pass_ms + token_ms * (tokens computed) + seq_ms * (sequences in the pass)
   + kv_token_ms * (KV tokens the decode sequences attend to)
-  + attention_mpair_ms * (prefill query-key pairs / 1e6)``
+  + attention_mpair_ms * (prefill query-key pairs / 1e6)
+  + prefill_pass_ms * (1 if the pass prefills anything)``
 
   where a prefill chunk of n tokens after c computed ones has ``n * (c + (n + 1) / 2)``
   query-key pairs (causal attention grows with the square of the prompt). Optional
   ``request_ms`` + ``request_token_ms * prompt tokens`` is a per-request latency before the
-  request may be scheduled (a target's serving path beyond the lab's own; it holds no pass).
+  request may be scheduled (a target's serving path beyond the lab's own; it holds no pass),
+  or with ``"request_mode": "floor"`` a first-token floor, as under ``profile``.
   Unlike ``polynomial`` and ``profile``, a decode step here depends on how many sequences
   share it, not only on the KV tokens they hold: a real engine's step does (per-sequence
   sampling, input preparation and output handling).
@@ -75,13 +77,14 @@ def prefill_pairs(chunk: int, context: int) -> float:
 
 
 def pass_features(prefill_tokens: int, prefill_pairs_total: float, seqs: int, decode_seqs: int,
-                  decode_kv: int) -> tuple[float, float, float, float, float]:
+                  decode_kv: int) -> tuple[float, float, float, float, float, float]:
     """What the ``linear`` model multiplies `LINEAR_PASS_TERMS` (mocker.engine.config) by, for
     one pass: 1, the tokens computed (prefill chunks plus one per decode sequence), the
-    sequences scheduled, the KV tokens the decode sequences attend to, and the prefill
-    query-key pairs in millions."""
+    sequences scheduled, the KV tokens the decode sequences attend to, the prefill query-key
+    pairs in millions, and 1 when the pass prefills anything (a constant of a prefill pass,
+    such as the 16.5 ms of Dynamo's polynomial prefill)."""
     return (1.0, float(prefill_tokens + decode_seqs), float(seqs), float(decode_kv),
-            prefill_pairs_total / 1e6)
+            prefill_pairs_total / 1e6, 1.0 if prefill_tokens else 0.0)
 
 
 def polynomial_prefill_ms(new_tokens: int) -> float:
@@ -168,6 +171,7 @@ class LinearPass:
     seq_ms: float = 0.0
     kv_token_ms: float = 0.0
     attention_mpair_ms: float = 0.0
+    prefill_pass_ms: float = 0.0
     request_ms: float = 0.0
     request_token_ms: float = 0.0
 
@@ -178,9 +182,10 @@ class LinearPass:
     def pass_time_ms(self, prefill_tokens: int, pairs: float, seqs: int, decode_seqs: int,
                      decode_kv: int) -> float:
         """Unscaled time of one pass (the terms of `pass_features`)."""
-        return (self.pass_ms + self.token_ms * (prefill_tokens + decode_seqs)
-                + self.seq_ms * seqs + self.kv_token_ms * decode_kv
-                + self.attention_mpair_ms * pairs / 1e6)
+        ms = (self.pass_ms + self.token_ms * (prefill_tokens + decode_seqs)
+              + self.seq_ms * seqs + self.kv_token_ms * decode_kv
+              + self.attention_mpair_ms * pairs / 1e6)
+        return ms + self.prefill_pass_ms if prefill_tokens else ms
 
     def request_latency_ms(self, prompt_tokens: int) -> float:
         return self.request_ms + self.request_token_ms * prompt_tokens
@@ -211,7 +216,8 @@ class TimingModel:
         decode: Callable[[int], float]
         self._request: Interp1D | None = None
         self._linear: LinearPass | None = None
-        #: the profile's ``request`` rows are a first-token floor, not a scheduling delay
+        #: the request latency (a profile's ``request`` rows, the linear model's request terms)
+        #: is a first-token floor, not a scheduling delay
         self.request_is_floor = t.get("request_mode") == "floor"
         if kind == "linear":
             lin = self._linear = LinearPass.from_timing(t)

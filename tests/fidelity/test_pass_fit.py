@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from lab.fidelity.fit_report import linear_markdown
 from lab.fidelity.pass_fit import DECODE, PREFILL_GAP, TTFT, equations, fit_linear, prefill_chunks
 from lab.fidelity.probes import Probe, ProbeResult
 from mocker.engine.timing import LinearPass, prefill_pairs
@@ -73,6 +74,41 @@ def test_fit_recovers_the_passes_of_a_known_engine() -> None:
         assert got.pass_time_ms(prefill, pairs, seqs, decodes, kv) == pytest.approx(
             TRUTH.pass_time_ms(prefill, pairs, seqs, decodes, kv), rel=0.01)
     assert all(abs(r["residual_pct"]) < 1 for r in fit.residuals())
+
+
+def test_a_first_token_floor_is_fitted_as_a_floor_and_a_path_latency_as_a_delay() -> None:
+    """A target whose serving path holds the first token until 40 ms after arrival (Dynamo's
+    stack, docs/fidelity.md) and whose prefill passes carry a 16 ms constant: the fit reads the
+    request terms as a floor, recovers it and the constant, and predicts every TTFT as
+    max(floor, prefill). The plain TRUTH target (a 3 ms delay) stays a delay."""
+    floor_truth = LinearPass(pass_ms=5.5, token_ms=0.015, kv_token_ms=0.00003,
+                             attention_mpair_ms=0.4, prefill_pass_ms=16.0, request_ms=40.0)
+    results = []
+    for i, isl in enumerate((64, 256, 1024, 4096, 8192)):
+        p = Probe("context", isl, 32, 1, 8, 1, i)
+        prefill = sum(floor_truth.pass_time_ms(n, prefill_pairs(n, before), 1, 0, 0)
+                      for n, before in prefill_chunks(isl, 8192))
+        step = floor_truth.pass_time_ms(0, 0.0, 1, 1, round(p.decode_kv_tokens))
+        results.append(_result(p, PATH_MS + max(prefill, 40.0), step))
+        o = Probe("overlap", isl, 64, 2, 16, 2, 10 + i)
+        n, before = max(prefill_chunks(isl, 8191), key=lambda c: prefill_pairs(*c))
+        gap = (floor_truth.pass_time_ms(n, prefill_pairs(n, before), 2, 1, 0)
+               - floor_truth.pass_time_ms(0, 0.0, 1, 1, 0))
+        results.append(_result(o, gap=gap))
+    for i, c in enumerate((1, 8, 32, 128)):
+        p = Probe("batch", 64, 128, c, 2 * c, c, 100 + i)
+        results.append(_result(p, step=floor_truth.pass_time_ms(0, 0.0, c, c,
+                                                                round(p.decode_kv_tokens))))
+    fit = fit_linear(results, {64: PATH_MS, 8192: PATH_MS}, 8192)
+    assert fit.request_mode == "floor"
+    assert fit.timing()["request_mode"] == "floor"
+    assert fit.coefficients["request_ms"] == pytest.approx(40.0, rel=0.02)
+    assert fit.coefficients["prefill_pass_ms"] == pytest.approx(16.0, rel=0.05)
+    assert all(abs(r["residual_pct"]) < 2 for r in fit.residuals()), fit.residuals()
+    assert fit.mode_evidence["floor"] < 0.5 * fit.mode_evidence["delay"]
+    assert "`request_mode` floor" in "\n".join(linear_markdown(fit))
+    delay = fit_linear(_truth_results(), {64: PATH_MS, 4096: PATH_MS}, BUDGET)
+    assert delay.request_mode == "delay" and "request_mode" not in delay.timing()
 
 
 def test_one_slow_probe_pulls_the_fit_little_and_shows_in_its_residual() -> None:

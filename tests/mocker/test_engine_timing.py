@@ -172,9 +172,21 @@ def test_linear_fast_forward_prices_each_pass_by_its_sequences() -> None:
     assert burst.simulated_ms == pytest.approx(want)
 
 
+def test_linear_prefill_pass_constant_is_charged_once_per_pass_that_prefills() -> None:
+    """`prefill_pass_ms` (Dynamo's polynomial prefill has such a constant, 16.5 ms): once for
+    a pass that prefills two prompts, not per chunk, and not for a pass that only decodes."""
+    s = Scheduler(EngineArgs(engine_type="vllm",
+                             timing={"type": "linear", "pass_ms": 1.0, "prefill_pass_ms": 20.0}))
+    s.add(EngineRequest("a", list(range(100)), 5, lambda p: 1000))
+    s.add(EngineRequest("b", list(range(1000, 1100)), 5, lambda p: 1000))
+    assert s.step(0.0).duration_ms == pytest.approx(21.0)
+    assert s.step(100.0).duration_ms == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(("timing", "msg"), [
     ({"type": "linear", "seq_ms": -1}, "timing.seq_ms must be a finite number >= 0"),
     ({"type": "linear", "per_token": 1}, "unknown key timing.per_token"),
+    ({"type": "linear", "request_mode": "hold"}, "timing.request_mode must be one of"),
 ])
 def test_bad_linear_timing_is_a_clear_error(timing: dict, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):

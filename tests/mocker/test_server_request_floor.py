@@ -1,4 +1,5 @@
-"""A profile's `request` latency over a real socket (`mocker serve`, speedup 1): as a `delay`
+"""A profile's `request` latency (the `linear` model's request terms) over a real socket
+(`mocker serve`, speedup 1): as a `delay`
 the request waits before the engine takes it, and its tokens then come one per pass; as a
 `floor` (docs/mocker.md "Timing") the engine runs it at once and holds its first token until
 the latency has passed, so the tokens of the passes before it arrive together."""
@@ -18,14 +19,23 @@ DECODE_MS = 2.0
 TOKENS = 100  # 100 passes of 2 ms: the whole stream fits before the floor
 
 
-@pytest.mark.parametrize("mode", ["delay", "floor"])
-def test_request_latency_delays_the_request_or_holds_its_first_token(tmp_path: Path,
-                                                                     mode: str) -> None:
+def _timing(tmp_path: Path, kind: str, mode: str) -> dict:
+    """The same path latency and pass times under the `profile` and the `linear` model."""
+    if kind == "linear":  # a pass of DECODE_MS, the prefill pass as long
+        return {"type": "linear", "pass_ms": DECODE_MS, "request_ms": REQUEST_MS,
+                "request_mode": mode}
     csv = tmp_path / "profile.csv"
     csv.write_text(f"kind,tokens,ms\nprefill,1,1\ndecode,1,{DECODE_MS}\n"
                    f"request,1,{REQUEST_MS}\n")
-    args = {"engine_type": "vllm",
-            "timing": {"type": "profile", "path": str(csv), "request_mode": mode}}
+    return {"type": "profile", "path": str(csv), "request_mode": mode}
+
+
+@pytest.mark.parametrize("kind", ["profile", "linear"])
+@pytest.mark.parametrize("mode", ["delay", "floor"])
+def test_request_latency_delays_the_request_or_holds_its_first_token(tmp_path: Path,
+                                                                     mode: str,
+                                                                     kind: str) -> None:
+    args = {"engine_type": "vllm", "timing": _timing(tmp_path, kind, mode)}
     with engine_process(tmp_path, f"engine-{mode}", "--speedup-ratio", "1",
                         "--engine-args", json.dumps(args)) as e:
         t0 = time.monotonic()
