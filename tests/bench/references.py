@@ -3,7 +3,7 @@
     python -m tests.bench.references --run vLLM=RUNS/suite --run "Dynamo 136/128"=RUNS/dyn-136 \
         --run "Dynamo 1024/64"=RUNS/dyn-1024
 
-Each --run NAME=DIR is a `lab fidelity` run directory: a `--suite` run (suite.json) or a
+Each --run NAME=DIR (split at its last "=") is a `lab fidelity` run directory: a `--suite` run (suite.json) or a
 one-shape run (fidelity.json), with or without --repeat. Per reference, workload and level it
 prints the gap of one lab side (--side, default `lab`: the engine args given with
 --engine-args) on TTFT p50, TTFT p99, ITL p50, latency p50 and req/s, with the target's own
@@ -121,7 +121,7 @@ def main(runs: tuple[str, ...], side: str) -> None:
     """Print one table of the lab's gaps against every reference given."""
     cells: list[Cell] = []
     for spec in runs:
-        name, sep, path = spec.partition("=")
+        name, sep, path = spec.rpartition("=")  # a name may hold "=" (c=1), a path rarely
         if not sep or not name or not path:
             raise click.BadParameter(f"{spec!r}: expected NAME=DIR", param_hint="--run")
         cells += cells_of(name, Path(path), side)
