@@ -5,11 +5,11 @@
 
 Each --run NAME=DIR (split at its last "=") is a `lab fidelity` run directory: a `--suite`
 run (suite.json) or a one-shape run (fidelity.json), with or without --repeat. Per reference,
-workload and level it prints the gap of one lab side (--side, default `lab`: the engine args given with
---engine-args) on TTFT p50, TTFT p99, ITL p50, latency p50 and req/s, with the target's own
-spread over the repeats in brackets where there is one; then per reference the mean absolute
-gap, the share of gaps within 15% and the share within the target's spread. Nothing is run: it
-reads what `lab fidelity` wrote (docs/fidelity.md "`lab fidelity`").
+workload and level it prints the gap of one lab side (--side, default `lab`: the engine args
+given with --engine-args) on TTFT p50, TTFT p99, ITL p50, latency p50 and req/s, with the
+target's own spread over the repeats in brackets where there is one; then per reference the
+mean absolute gap, the share of gaps within 15% and the share within the target's spread.
+Nothing is run: it reads what `lab fidelity` wrote (docs/fidelity.md "`lab fidelity`").
 """
 
 from __future__ import annotations
