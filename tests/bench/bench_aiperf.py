@@ -227,6 +227,13 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
                    + ", ".join(f"{r:g}" for r in rates))
     click.echo(f"lab vs AIPerf against {target} ({model}): Poisson arrivals, {requests} requests "
                f"per run, warm-up {cap}, at most {cap} in flight, ISL {ISL} / OSL {osl} chat")
+    # aiperf.sh fixes --random-seed 42 and AIPerf refuses the option twice ("specified multiple
+    # times"), so its prompts are the same every run: against vLLM, not restarted between
+    # rates, its second run's TTFT p50 was 25.6 ms against 103.6 in its first
+    # (docs/references.md "AIPerf beside the lab on vLLM")
+    click.echo("note: AIPerf sends the same prompts in every run (aiperf.sh's --random-seed 42): "
+               "against a prefix-caching target only AIPerf's first run is cold; restart the "
+               "target between runs (one --rate each) to compare TTFTs")
     for k, rate in enumerate(rates):
         order = ("lab", "aiperf") if k % 2 == 0 else ("aiperf", "lab")
         results = {}
