@@ -22,9 +22,9 @@ def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-@pytest.fixture
-def true_engine_args(tmp_path: Path) -> Path:
-    return write_true_engine(tmp_path / "true")
+@pytest.fixture(scope="module")
+def true_engine_args(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_true_engine(tmp_path_factory.mktemp("true"))
 
 
 def lab_stack(stack: Path, engine_args: Path, disagg: bool = False,
@@ -41,8 +41,20 @@ def lab_stack(stack: Path, engine_args: Path, disagg: bool = False,
         assert down.returncode == 0, down.stdout + down.stderr
 
 
+# Module scope: one target stack for a module's `lab fidelity` tests (a stack's start and stop
+# cost about 4 s). Each test sends prompts of its own seed, so that no test's prompts are in
+# the target's prefix cache from another's; the suite's two tests in test_fidelity_shapes.py
+# share a seed and run in file order, and the second asserts no figure.
+@pytest.fixture(scope="module")
+def true_target(tmp_path_factory: pytest.TempPathFactory,
+                true_engine_args: Path) -> Iterator[str]:
+    yield from lab_stack(tmp_path_factory.mktemp("target"), true_engine_args)
+
+
 @pytest.fixture
-def true_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
+def power_law_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
+    """The true curve, a stack of the test's own (a calibration's timing would feel another
+    test's stack left idle beside it)."""
     yield from lab_stack(tmp_path / "target", true_engine_args)
 
 

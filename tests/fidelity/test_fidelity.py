@@ -6,33 +6,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from lab.fidelity.gaps import METRICS
-from tests.fidelity.conftest import lab, lab_stack
-from tests.fidelity.curves import write_true_engine
+from tests.fidelity.conftest import lab
 
 SMALL = ("--prompt-kind", "token_ids", "--conc", "1,4", "--requests", "12", "--isl", "64",
          "--osl", "16", "--no-plots", "--in-process-client")
 VERDICTS = {"within 5%", "within 10%", "off"}
-
-
-# Module scope: one target stack for the module's tests (a stack's start and stop cost about
-# 4 s). Each test sends prompts of its own seed, so no test's prompts are in the target's
-# prefix cache from another's.
-@pytest.fixture(scope="module")
-def true_engine_args(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_true_engine(tmp_path_factory.mktemp("true"))
-
-
-@pytest.fixture(scope="module")
-def true_target(tmp_path_factory: pytest.TempPathFactory,
-                true_engine_args: Path) -> Iterator[str]:
-    yield from lab_stack(tmp_path_factory.mktemp("target"), true_engine_args)
 
 
 def test_fidelity_compares_level_by_level(true_target: str, true_engine_args: Path,

@@ -24,26 +24,10 @@ from lab.load.trace import write_trace
 from lab.load.trace_synth import SynthSpec, synth_trace
 from launch.events import read_events
 from tests.fidelity.conftest import LAB, ROOT, lab, lab_stack
-from tests.fidelity.curves import write_true_engine
 
 COMMON = ("--prompt-kind", "token_ids", "--no-plots", "--in-process-client")
 #: the suite's target and lab run 10x faster than real time: its ISL 2048 levels take seconds
 SUITE_SPEEDUP = "10"
-
-
-# Module scope: one stack of each speed for the module's tests (a stack's start and stop cost
-# about 4 s). What a test asserts of values is its own sweep's gaps against a lab stack it
-# launches; the tests that share a target and a seed (the suite's two) run in file order, and
-# the second asserts no figure.
-@pytest.fixture(scope="module")
-def true_engine_args(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_true_engine(tmp_path_factory.mktemp("true"))
-
-
-@pytest.fixture(scope="module")
-def true_target(tmp_path_factory: pytest.TempPathFactory,
-                true_engine_args: Path) -> Iterator[str]:
-    yield from lab_stack(tmp_path_factory.mktemp("target"), true_engine_args)
 
 
 @pytest.fixture(scope="module")

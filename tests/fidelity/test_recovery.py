@@ -69,9 +69,9 @@ def _sidecar_outlived_frontend_s(stack: Path) -> float:
     return (max(sidecars) - exits["frontend"]) / 1e9
 
 
-def test_calibrate_recovers_a_power_law_curve(true_target: str, tmp_path: Path) -> None:
+def test_calibrate_recovers_a_power_law_curve(power_law_target: str, tmp_path: Path) -> None:
     out = tmp_path / "cal"
-    proc = lab("calibrate", "--target", true_target, *PROBES, "--out", str(out))
+    proc = lab("calibrate", "--target", power_law_target, *PROBES, "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # the lab-path stack is private (nothing else routes to it): its sidecar stops without
     # the serving grace after withdrawal (lab.fidelity.lab_stack.PRIVATE_SIDECAR_GRACE_S); with
