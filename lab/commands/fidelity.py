@@ -515,14 +515,13 @@ def client_health_notes(levels: dict[tuple[str, str, int], pd.DataFrame], repeat
     lagging event loop on the target's side (a CPU engine that busy-polls both cores can starve
     the client) delays its timestamps, so those levels' gaps are the client's as much as the
     engine's. Empty when every client kept up."""
-    from lab.report.markdown import client_sentence
+    from lab.report.markdown import client_kept_up, client_sentence
 
     notes = []
     for (entry, side, k), lv in levels.items():
-        sentence = client_sentence(lv)
-        if not sentence.startswith(("the client kept up", "client health: not recorded")):
+        if not client_kept_up(lv):
             where = f"{entry}, {side}" + (f", repeat {k}" if repeat > 1 else "")
-            notes.append(f"* {where}: {sentence}")
+            notes.append(f"* {where}: {client_sentence(lv)}")
     if not notes:
         return "\nClient health: every sweep's client kept up.\n"
     return "\n".join(["", "## Client health", "", *notes, ""])

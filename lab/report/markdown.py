@@ -101,20 +101,9 @@ def client_sentence(levels: pd.DataFrame) -> str:
     full core is the bottleneck; an event loop lagging by more than CLIENT_LAG_SHARE_OF_TTFT of
     the level's TTFT p50 with an idle client means the machine was short of CPU (the client's
     timestamps then carry that delay)."""
-    if "client_cpu_pct_max_proc" not in levels or levels["client_cpu_pct_max_proc"].isna().all():
+    if not _client_recorded(levels):
         return "client health: not recorded for this run."
-    busy, lagging = [], []
-    for _, r in levels.iterrows():
-        cpu = r.get(cat.CLIENT_CPU_PCT_MAX_PROC.name)
-        lag = r.get(cat.LOOP_LAG_P99.name)
-        ttft = r.get(cat.TTFT.col("p50").name)
-        figures = (f"{level_label(r)}: a core at {fnum(cpu, 0)}% / "
-                   f"loop lag p99 {fnum(lag, 1)} ms")
-        if _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT:
-            busy.append(figures)
-        elif (_isnum(lag) and lag > CLIENT_LAG_FLOOR_MS
-              and (not _isnum(ttft) or lag > CLIENT_LAG_SHARE_OF_TTFT * ttft)):
-            lagging.append(f"{figures} against TTFT p50 {fnum(ttft, 1)} ms")
+    busy, lagging = _client_limits(levels)
     out = []
     if busy:
         out.append("the client was the bottleneck at " + "; ".join(busy) +
@@ -134,6 +123,39 @@ def client_sentence(levels: pd.DataFrame) -> str:
     return (f"the client kept up at every level (busiest client process: a core at "
             f"{fnum(cpu_max, 0)}%, loop lag p99 at most {fnum(lag_max, 2)} ms, "
             f"at most {fnum(per_req, 2)} ms of client CPU per request).")
+
+
+def _client_recorded(levels: pd.DataFrame) -> bool:
+    return ("client_cpu_pct_max_proc" in levels
+            and not levels["client_cpu_pct_max_proc"].isna().all())
+
+
+def _client_limits(levels: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """The levels where the client was the bottleneck, and those where its event loop lagged
+    while it was not busy (the figures of each, for `client_sentence`)."""
+    busy: list[str] = []
+    lagging: list[str] = []
+    for _, r in levels.iterrows():
+        cpu = r.get(cat.CLIENT_CPU_PCT_MAX_PROC.name)
+        lag = r.get(cat.LOOP_LAG_P99.name)
+        ttft = r.get(cat.TTFT.col("p50").name)
+        figures = (f"{level_label(r)}: a core at {fnum(cpu, 0)}% / "
+                   f"loop lag p99 {fnum(lag, 1)} ms")
+        if _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT:
+            busy.append(figures)
+        elif (_isnum(lag) and lag > CLIENT_LAG_FLOOR_MS
+              and (not _isnum(ttft) or lag > CLIENT_LAG_SHARE_OF_TTFT * ttft)):
+            lagging.append(f"{figures} against TTFT p50 {fnum(ttft, 1)} ms")
+    return busy, lagging
+
+
+def client_kept_up(levels: pd.DataFrame) -> bool:
+    """False when `client_sentence` would name a level where the client limited the
+    measurement (True when client health was not recorded: nothing to say)."""
+    if not _client_recorded(levels):
+        return True
+    busy, lagging = _client_limits(levels)
+    return not busy and not lagging
 
 
 def _think_end_allowance(r: pd.Series) -> float:
