@@ -12,8 +12,9 @@ The workloads (docs/fidelity.md "`lab fidelity`"):
   arrivals at 0.5 x the target's saturation.
 
 The saturation is measured on the target first: the achieved req/s of a closed-loop level at
-c=64, ISL 136 / OSL 128. Request counts are small (a few minutes in all against a CPU engine of
-about 12 req/s at saturation); `--requests N` sets every level's (and the trace's) count.
+c=64, ISL 136 / OSL 128. The counts are sized so that a p50 is not a draw of a few requests and
+a p99 not the largest of a few dozen (docs/fidelity.md "The held-out suite"); `--requests N`
+sets every level's (and the trace's) count.
 
 The report: rows are metric x workload level; columns the target's value, each lab side's
 value and gap, and the target's own spread over `--repeat` repeats; then per lab side and
@@ -38,15 +39,17 @@ SATURATION_ISL = 136
 SATURATION_OSL = 128
 #: the saturation level's measured requests without --requests (two rounds of the loop)
 SATURATION_REQUESTS = 2 * SATURATION_CONC
-#: a closed-loop level's measured requests without --requests: max(MIN, ROUNDS x c)
+#: a closed-loop level's measured requests without --requests: max(MIN, ROUNDS x c). At 8
+#: requests (c=1) or 16 (c=8) a closed loop's p50 was a draw: ISL 2048 at c=8 settles into one
+#: of two rotations, and 16 requests held one or the other (docs/references.md)
 CLOSED_ROUNDS = 2
-CLOSED_MIN_REQUESTS = 8
+CLOSED_MIN_REQUESTS = 32
 #: an open-loop level's measured requests without --requests: this many seconds of arrivals
 #: at the saturation rate (one count for the entry's every rate), at least OPEN_MIN_REQUESTS
-OPEN_SECONDS = 6.0
+OPEN_SECONDS = 15.0
 OPEN_MIN_REQUESTS = 20
 #: the prefix-reuse trace: requests, shape and reuse
-TRACE_REQUESTS = 120
+TRACE_REQUESTS = 240
 TRACE_BLOCK_SIZE = 64
 TRACE_PREFIX_GROUPS = 4
 TRACE_PREFIX_BLOCKS = 4

@@ -30,9 +30,9 @@ def test_the_suite_is_the_documented_workloads() -> None:
         "prefix-trace": (512, 64, (), (), 0.5)}
     poisson = SUITE[2]
     assert poisson.rates(12.0) == [6.0, 9.6, 12.0]
-    assert open_requests(12.0, None) == 72 and open_requests(12.0, 5) == 5
+    assert open_requests(12.0, None) == 180 and open_requests(12.0, 5) == 5
     spec = trace_spec(SUITE[3], 12.0, None, 3)
-    assert (spec.requests, spec.rate, spec.prefix_groups, spec.seed) == (120, 6.0, 4, 3)
+    assert (spec.requests, spec.rate, spec.prefix_groups, spec.seed) == (240, 6.0, 4, 3)
     assert trace_spec(SUITE[3], 12.0, 9, 3).requests == 9
 
 
