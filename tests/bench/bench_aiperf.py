@@ -348,9 +348,10 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
                                   requests, cap, osl, aiperf_records)
                     warmup = cap
                 results[tool] = watched(run, polled, warmup)
-                hits = results[tool]["server"] and results[tool]["server"].prefix_hit_tokens
-                if hits:
-                    click.echo(f"warning: the target's prefix cache served {hits:.0f} prompt "
+                reading: ServerReading | None = results[tool]["server"]
+                if reading is not None and reading.prefix_hit_tokens:
+                    click.echo(f"warning: the target's prefix cache served "
+                               f"{reading.prefix_hit_tokens:.0f} prompt "
                                f"tokens during {tool}'s run at rate {rate:g} ({where.name}): "
                                "its prefills were not all cold; start the target without prefix "
                                f"caching (the vLLM anchor: {NO_PREFIX_CACHING})")
