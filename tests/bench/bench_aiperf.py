@@ -29,6 +29,16 @@ chunk is read; the lab: `first_ns`, stamped in `data_received`). Both reuse the 
 connection idle longest, so neither meets a server's delayed-ACK stall that the other avoids
 (docs/open-loop.md "Against AIPerf").
 
+With --rounds K, each rate runs both tools K times, alternating (round 1 in the rate's order,
+each next round the other way round), each lab round with its own seed; a summary line per rate
+gives each tool's median over rounds, its spread, and the ratios of the medians: one run of each
+at one rate is too noisy to compare TTFT near saturation.
+
+Where the target publishes vLLM's Prometheus metrics (`vllm:time_to_first_token_seconds`), every
+run is also read on the server (tests/bench/server_metrics.py): its TTFT mean (and prefill time
+mean) over the run's measured requests, from /metrics polled during the run, and the prefix-cache
+hits over the run, which should be none when both tools' prompts are to be cold.
+
 The target is not started or stopped here. Runs go under --out (one directory per run).
 """
 
@@ -36,14 +46,18 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import click
 import pandas as pd
 
 from lab.open_loop.arrival_settings import parse_rates
+from tests.bench.server_metrics import MetricsPoller, ServerReading, has_vllm_ttft
 
 #: The anchors' fixed workload (aiperf.sh: ISL 136, OSL 128, streaming chat).
 ISL, OSL = 136, 128
@@ -61,6 +75,13 @@ PROBE_CONCURRENCY = 32
 #: every response over ZMQ to a record processor that parses each one again.
 AIPERF_LEAN_ARGS = ("--no-server-metrics", "--no-gpu-telemetry", "--export-level", "summary",
                     "--log-level", "warning")
+#: Requests `lab sweep --target` sends before its warm-up: the target check's one probe
+#: (lab/load/target_check.py), which the server counts in its TTFT histogram too.
+LAB_PROBE_REQUESTS = 1
+#: The tools, in the order of a rate's first round at even rate indices.
+TOOLS = ("lab", "aiperf")
+#: How to start the vLLM anchor so that every run's prefills are cold.
+NO_PREFIX_CACHING = "vllm.sh up --no-prefix-caching"
 
 
 def _rates(_ctx: click.Context, _param: click.Parameter, value: str | None
@@ -167,7 +188,14 @@ def run_aiperf(anchors: Path, anchor_dir: Path, target: str, model: str, out: Pa
             "errors": int(s.get("errors") or 0)}
 
 
-def _row(rate: float, tool: str, r: dict) -> str:
+def _server_column(reading: ServerReading | None) -> str:
+    if reading is None or reading.ttft_ms is None:
+        return "server TTFT mean n/a"
+    prefill = "" if reading.prefill_ms is None else f" (prefill {reading.prefill_ms:.2f} ms)"
+    return f"server TTFT mean {reading.ttft_ms:8.2f} ms{prefill}"
+
+
+def _row(rate: float, tool: str, r: dict, tag: str = "") -> str:
     sent = "" if pd.isna(r["sent"]) else f" (sent {r['sent']:7.1f})"
     if not pd.isna(r.get("issued", float("nan"))):
         sent += f" (issued {r['issued']:7.1f})"
@@ -175,9 +203,67 @@ def _row(rate: float, tool: str, r: dict) -> str:
         sent += f" (its request_throughput {r['aiperf_req_s']:7.1f})"
     if "completed" in r:
         sent += f" (completions' own rate {r['completed']:7.1f})"
-    return (f"rate={rate:<7g} {tool:6s} achieved {r['achieved']:7.1f} req/s{sent:16s} "
+    return (f"rate={rate:<7g} {tag}{tool:6s} achieved {r['achieved']:7.1f} req/s{sent:16s} "
             f"TTFT p50 {r['ttft_p50']:8.2f} ms  client CPU {r['cpu_ms']:6.3f} ms/req  "
-            f"errors {r['errors']}")
+            f"errors {r['errors']}  {_server_column(r.get('server'))}")
+
+
+def round_order(rate_index: int, round_index: int) -> tuple[str, ...]:
+    """The tools in the order they run: the rates alternate which goes first (as with one
+    round), and each next round of a rate flips its order, so that neither tool always meets
+    the server just after the other's load."""
+    first = TOOLS if rate_index % 2 == 0 else TOOLS[::-1]
+    return first if round_index % 2 == 0 else first[::-1]
+
+
+def run_dir(out: Path, tool: str, rate: float, round_index: int, rounds: int) -> Path:
+    """`TOOL-R/` with one round, `TOOL-R-K/` (K from 1) with several."""
+    name = f"{tool}-{rate:g}" if rounds == 1 else f"{tool}-{rate:g}-{round_index + 1}"
+    return out / name
+
+
+def spread_pct(values: Sequence[float]) -> float:
+    """(max - min) / median, in %: how far one tool's rounds disagree with each other."""
+    median = statistics.median(values)
+    return 100.0 * (max(values) - min(values)) / median if median else float("nan")
+
+
+def summary_line(rate: float, runs: dict[str, list[dict]]) -> str:
+    """Per tool the median over rounds of achieved rate and TTFT p50 (each with the tool's own
+    spread) and of the server's TTFT mean where read, then lab / AIPerf of the medians."""
+    medians: dict[str, dict[str, float]] = {}
+    parts = []
+    for tool in TOOLS:
+        got = runs[tool]
+        m = {key: statistics.median(r[key] for r in got) for key in ("achieved", "ttft_p50")}
+        text = (f"{tool} achieved {m['achieved']:.1f} req/s "
+                f"(spread {spread_pct([r['achieved'] for r in got]):.1f}%) TTFT p50 "
+                f"{m['ttft_p50']:.2f} ms (spread {spread_pct([r['ttft_p50'] for r in got]):.1f}%)")
+        server = [r["server"].ttft_ms for r in got
+                  if r.get("server") is not None and r["server"].ttft_ms is not None]
+        if len(server) == len(got):
+            m["server"] = statistics.median(server)
+            text += (f" server TTFT mean {m['server']:.2f} ms "
+                     f"(spread {spread_pct(server):.1f}%)")
+        medians[tool] = m
+        parts.append(text)
+    lab, ai = medians["lab"], medians["aiperf"]
+    ratios = (f"achieved {lab['achieved'] / ai['achieved']:.3f}  "
+              f"TTFT p50 {lab['ttft_p50'] / ai['ttft_p50']:.3f}")
+    if "server" in lab and "server" in ai:
+        ratios += f"  server TTFT mean {lab['server'] / ai['server']:.3f}"
+    return (f"rate={rate:<7g} medians over {len(runs['lab'])} rounds: " + "; ".join(parts)
+            + f"; lab/AIPerf of the medians: {ratios}")
+
+
+def watched(run: Callable[[], dict], metrics_url: str | None, warmup: int) -> dict:
+    """run()'s result, with "server": the server's reading of it when `metrics_url` is polled
+    (None otherwise). `warmup`: the requests the tool sends before its measured ones."""
+    if metrics_url is None:
+        return {**run(), "server": None}
+    with MetricsPoller(metrics_url) as poller:
+        result = run()
+    return {**result, "server": ServerReading.of(poller.snapshots, warmup)}
 
 
 @click.command()
@@ -200,16 +286,21 @@ def _row(rate: float, tool: str, r: dict) -> str:
                                           Path.home() / ".cache" / "lab-anchors")),
               show_default=True, help="ANCHOR_DIR: its model/ is the tokenizer of both tools.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="A new directory for the runs (lab-R/, aiperf-R/ per rate).")
+              help="A new directory for the runs: lab-R/, aiperf-R/ per rate R; with "
+                   "--rounds K, lab-R-k/, aiperf-R-k/ for round k = 1..K.")
 @click.option("--osl", type=click.IntRange(min=1, max=8192), default=OSL, show_default=True,
               help="Output tokens per request (both tools; ignore_eos + min_tokens).")
 @click.option("--aiperf-records", is_flag=True,
               help="AIPerf writes per-request records: print its issued and sent rates.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1), default=42,
-              show_default=True, help="The lab's schedule seed (AIPerf's is aiperf.sh's 42).")
+              show_default=True,
+              help="The lab's schedule seed, + k - 1 in round k (AIPerf's is aiperf.sh's 42).")
+@click.option("--rounds", type=click.IntRange(min=1, max=1000), default=1, show_default=True,
+              help="Runs of each tool per rate, alternating which goes first; a summary line "
+                   "per rate gives the medians over rounds and their spread.")
 def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int, cap: int,
          anchors: Path, anchor_dir: Path, out: Path, osl: int, aiperf_records: bool,
-         seed: int) -> None:
+         seed: int, rounds: int) -> None:
     """Print, per rate, the lab's and AIPerf's achieved rate, TTFT p50 and client CPU/request."""
     tokenizer = anchor_dir / "model"
     if not (tokenizer / "tokenizer.json").exists():
@@ -220,6 +311,8 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
     if out.exists() and any(out.iterdir()):
         raise click.BadParameter(f"{out} is not empty", param_hint="'--out'")
     out.mkdir(parents=True, exist_ok=True)
+    metrics_url = f"{target.rstrip('/')}/metrics"
+    polled = metrics_url if has_vllm_ttft(metrics_url) else None  # once, before any run
     if rates is None:
         x = probe_throughput(target, model, tokenizer, out / "probe-c32", requests, osl)
         rates = tuple(round(f * x) for f in AROUND_SATURATION)
@@ -232,25 +325,46 @@ def main(target: str, model: str, rates: tuple[float, ...] | None, requests: int
     # rates, its second run's TTFT p50 was 25.6 ms against 103.6 in its first
     # (docs/references.md "AIPerf beside the lab on vLLM")
     click.echo("note: AIPerf sends the same prompts in every run (aiperf.sh's --random-seed 42): "
-               "against a prefix-caching target only AIPerf's first run is cold; restart the "
-               "target between runs (one --rate each) to compare TTFTs")
+               "start a prefix-caching target without prefix caching (the vLLM anchor: "
+               f"{NO_PREFIX_CACHING}) so that every round of both tools is cold")
+    click.echo(f"server view: {metrics_url} has vLLM's TTFT histogram, polled during each run"
+               if polled else
+               f"server view: n/a ({metrics_url} has no vllm:time_to_first_token_seconds)")
     for k, rate in enumerate(rates):
-        order = ("lab", "aiperf") if k % 2 == 0 else ("aiperf", "lab")
-        results = {}
-        for tool in order:
-            run_dir = out / f"{tool}-{rate:g}"
-            if tool == "lab":
-                results[tool] = run_lab(target, model, tokenizer, run_dir, rate, requests, cap,
-                                        seed, osl)
-            else:
-                results[tool] = run_aiperf(anchors, anchor_dir, target, model, run_dir, rate,
-                                           requests, cap, osl, aiperf_records)
-        lab, ai = results["lab"], results["aiperf"]
-        for tool in ("lab", "aiperf"):
-            click.echo(_row(rate, tool, results[tool]))
-        click.echo(f"rate={rate:<7g} lab/AIPerf: achieved {lab['achieved'] / ai['achieved']:.3f}"
-                   f"  TTFT p50 {lab['ttft_p50'] / ai['ttft_p50']:.3f}  client CPU "
-                   f"{lab['cpu_ms'] / ai['cpu_ms']:.3f}  (order: {' then '.join(order)})")
+        runs: dict[str, list[dict]] = {tool: [] for tool in TOOLS}
+        for i in range(rounds):
+            order = round_order(k, i)
+            tag = "" if rounds == 1 else f"round {i + 1}/{rounds} "
+            results = {}
+            for tool in order:
+                where = run_dir(out, tool, rate, i, rounds)
+                run: Callable[[], dict]
+                if tool == "lab":
+                    run = partial(run_lab, target, model, tokenizer, where, rate, requests, cap,
+                                  seed + i, osl)
+                    warmup = cap + LAB_PROBE_REQUESTS
+                else:
+                    run = partial(run_aiperf, anchors, anchor_dir, target, model, where, rate,
+                                  requests, cap, osl, aiperf_records)
+                    warmup = cap
+                results[tool] = watched(run, polled, warmup)
+                reading: ServerReading | None = results[tool]["server"]
+                if reading is not None and reading.prefix_hit_tokens:
+                    click.echo(f"warning: the target's prefix cache served "
+                               f"{reading.prefix_hit_tokens:.0f} prompt "
+                               f"tokens during {tool}'s run at rate {rate:g} ({where.name}): "
+                               "its prefills were not all cold; start the target without prefix "
+                               f"caching (the vLLM anchor: {NO_PREFIX_CACHING})")
+            lab, ai = results["lab"], results["aiperf"]
+            for tool in TOOLS:
+                runs[tool].append(results[tool])
+                click.echo(_row(rate, tool, results[tool], tag))
+            click.echo(f"rate={rate:<7g} {tag}lab/AIPerf: achieved "
+                       f"{lab['achieved'] / ai['achieved']:.3f}  TTFT p50 "
+                       f"{lab['ttft_p50'] / ai['ttft_p50']:.3f}  client CPU "
+                       f"{lab['cpu_ms'] / ai['cpu_ms']:.3f}  (order: {' then '.join(order)})")
+        if rounds > 1:
+            click.echo(summary_line(rate, runs))
 
 
 if __name__ == "__main__":
