@@ -23,8 +23,10 @@ from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_
 from launch.topology_settings import TopologySettings
 from mocker.engine.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS
 
-#: the timing models `lab calibrate` fits; the first is the default of engine-args.json
+#: the timing models `lab calibrate` fits, in the order `auto` prefers them on a tie
 TIMING_FITS = ("linear", "profile")
+#: --timing: a fitted model, or `auto`: the one whose replay of the batch probes is closer
+TIMING_CHOICES = ("auto", *TIMING_FITS)
 LAB_PATH_OSL = 2  # the lab-path probes need a first token only (and one gap to be a stream)
 LAB_PATH_REQUESTS = 40
 #: The lab-path stack's engine sleeps a known time (`fixed` timing), so that its path includes
@@ -94,12 +96,14 @@ def say_to_stderr(quiet: bool) -> Any:
 @click.option("--prefix-isl", type=click.IntRange(0, 1_000_000), default=P.DEFAULT_PREFIX_ISL,
               show_default=True,
               help="Prompt length of the repeated-prompt probe (prefix-cache effect); 0 = none.")
-@click.option("--timing", "timing_model", type=click.Choice(TIMING_FITS), default=TIMING_FITS[0],
+@click.option("--timing", "timing_model", type=click.Choice(TIMING_CHOICES), default="auto",
               show_default=True,
               help="The timing model engine-args.json runs: linear (a pass costs what is in it: "
               "its tokens, sequences, the KV its decodes attend to and its prefill attention; "
-              "fits a real engine's batching) or profile (prefill over tokens and decode over "
-              "KV tokens, interpolated). Both are fitted and written "
+              "fits a real engine's batching), profile (prefill over tokens and decode over "
+              "KV tokens, interpolated), or auto: the one whose offline replay of the batch "
+              "probes (closed loops whose requests share passes) comes closer to the target's "
+              "TTFT and latency p50s. Both are fitted and written "
               "(engine-args-linear.json, engine-args-profile.json).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(1, 10_000_000), default=None,
               metavar="N",
@@ -187,6 +191,7 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     from lab.fidelity.fit import engine_args, fit_profile, write_profile
     from lab.fidelity.fit_report import fit_markdown
     from lab.fidelity.pass_fit import fit_linear, linear_engine_args
+    from lab.fidelity.replay import best_model, replay_probes
     from lab.load.client_settings import ClientSettings
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
@@ -218,11 +223,16 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
                "linear": {**linear_engine_args(linear, fit, kw["engine_type"]), **scheduler}}
     for name, args in written.items():
         (run_dir / f"engine-args-{name}.json").write_text(json.dumps(args, indent=2) + "\n")
-    (run_dir / "engine-args.json").write_text(
-        json.dumps(written[kw["timing_model"]], indent=2) + "\n")
+    replays = replay_probes(results, written, lab_path)
+    chosen = kw["timing_model"]
+    if chosen == "auto":
+        chosen = best_model(replays, TIMING_FITS)
+    (run_dir / "engine-args.json").write_text(json.dumps(written[chosen], indent=2) + "\n")
     (run_dir / "fit.json").write_text(json.dumps(
         {**fit.to_dict(), "linear": linear.to_dict(), "scheduler": scheduler,
          "target_engine": (target_engine or TargetEngine()).to_dict(),
+         "timing": {"asked": kw["timing_model"], "chosen": chosen},
+         "replay": [r.to_dict() for r in replays],
          "probes": [r.to_dict() for r in results]}, indent=2, default=str) + "\n")
     plot = None
     if not kw["no_plots"]:
@@ -230,10 +240,11 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
 
         plot = fit_plot(fit, results, run_dir / "plots" / "fit.png")
     text = fit_markdown(fit, results, url, plot, linear=linear,
-                        assumed=assumed_settings(kw, target_engine or TargetEngine()))
+                        assumed=assumed_settings(kw, target_engine or TargetEngine()),
+                        replays=replays, timing=(kw["timing_model"], chosen))
     (run_dir / "fit.md").write_text(text)
     click.echo(text)
-    click.echo(f"engine args ({kw['timing_model']}): {run_dir / 'engine-args.json'}")
+    click.echo(f"engine args ({chosen}): {run_dir / 'engine-args.json'}")
     return 0
 
 

@@ -98,6 +98,10 @@ def test_calibrate_recovers_a_power_law_curve(power_law_target: str, tmp_path: P
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
     args = json.loads((out / "engine-args-profile.json").read_text())
     assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
+    # `--timing auto` chose the profile: this target runs a profile, which the linear pass
+    # model prices far off once the batch probes' requests share passes
+    assert json.loads((out / "fit.json").read_text())["timing"]["chosen"] == "profile"
+    assert json.loads((out / "engine-args.json").read_text()) == args
     # the target's mocker caches prefixes (the default): the repeated prompt shows it
     assert args["enable_prefix_caching"] is True
 
@@ -154,6 +158,13 @@ def test_calibrate_recovers_a_known_pass_cost(linear_target: str, tmp_path: Path
     args = json.loads((out / "engine-args.json").read_text())
     timing = args["timing"]
     assert timing["type"] == "linear" and set(timing) == {"type", *LINEAR_TERMS}, timing
+    # `--timing auto` (the default) chose it: the batch probes replayed on the linear fit come
+    # closer to this target, which runs a linear pass model, than on the profile's curves
+    doc = json.loads((out / "fit.json").read_text())
+    assert doc["timing"] == {"asked": "auto", "chosen": "linear"}, doc["timing"]
+    assert {r["probe"] for r in doc["replay"]} == {
+        f"batch-isl{i}-osl32-c{c}" for i in (64, 256) for c in (1, 8, 32)}
+    assert "## The batch probes replayed" in (out / "fit.md").read_text()
     fitted, truth = LinearPass.from_timing(timing), LinearPass.from_timing(TRUE_LINEAR)
     off = []
     for prefill, seqs, decodes, kv in PASSES:
