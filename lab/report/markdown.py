@@ -19,6 +19,9 @@ CLIENT_CPU_BUSY_PCT = 90.0  # a client process using this much of a core is satu
 #: TTFT by more than that share. Below it, the lag is noise beside what the level measures.
 CLIENT_LAG_SHARE_OF_TTFT = 0.10
 CLIENT_LAG_FLOOR_MS = 1.0
+#: ... or when its p99 exceeds the level's ITL p50: the loop then read tokens in bursts, so the
+#: token gaps it stamped are not the server's. The TTFT share alone misses a stall that inflated
+#: the TTFT it is compared with (docs/references.md "What the gaps left are").
 
 
 def _isnum(v: Any) -> bool:
@@ -99,8 +102,8 @@ def results_table(levels: pd.DataFrame) -> str:
 def client_sentence(levels: pd.DataFrame) -> str:
     """Says in words whether the load client limited the measurement: a client process near a
     full core is the bottleneck; an event loop lagging by more than CLIENT_LAG_SHARE_OF_TTFT of
-    the level's TTFT p50 with an idle client means the machine was short of CPU (the client's
-    timestamps then carry that delay)."""
+    the level's TTFT p50, or by more than its ITL p50, with an idle client means the machine was
+    short of CPU (the client's timestamps then carry that delay)."""
     if not _client_recorded(levels):
         return "client health: not recorded for this run."
     busy, lagging = _client_limits(levels)
@@ -111,7 +114,8 @@ def client_sentence(levels: pd.DataFrame) -> str:
                    "try --client-procs).")
     if lagging:
         out.append("the client's event loop lagged at " + "; ".join(lagging) +
-                   f" (above {CLIENT_LAG_SHARE_OF_TTFT:.0%} of the level's TTFT p50) while the "
+                   f" (above {CLIENT_LAG_SHARE_OF_TTFT:.0%} of the level's TTFT p50, or above "
+                   "its ITL p50) while the "
                    "client itself was not busy: "
                    "the machine was short of CPU, so timestamps at those levels carry up to "
                    "that much delay.")
@@ -139,13 +143,16 @@ def _client_limits(levels: pd.DataFrame) -> tuple[list[str], list[str]]:
         cpu = r.get(cat.CLIENT_CPU_PCT_MAX_PROC.name)
         lag = r.get(cat.LOOP_LAG_P99.name)
         ttft = r.get(cat.TTFT.col("p50").name)
+        itl = r.get(cat.ITL.col("p50").name)
         figures = (f"{level_label(r)}: a core at {fnum(cpu, 0)}% / "
                    f"loop lag p99 {fnum(lag, 1)} ms")
         if _isnum(cpu) and cpu >= CLIENT_CPU_BUSY_PCT:
             busy.append(figures)
-        elif (_isnum(lag) and lag > CLIENT_LAG_FLOOR_MS
-              and (not _isnum(ttft) or lag > CLIENT_LAG_SHARE_OF_TTFT * ttft)):
-            lagging.append(f"{figures} against TTFT p50 {fnum(ttft, 1)} ms")
+        elif _isnum(lag) and lag > CLIENT_LAG_FLOOR_MS and (
+                not _isnum(ttft) or lag > CLIENT_LAG_SHARE_OF_TTFT * ttft
+                or (_isnum(itl) and lag > itl)):
+            lagging.append(f"{figures} against TTFT p50 {fnum(ttft, 1)} ms, ITL p50 "
+                           f"{fnum(itl, 1)} ms")
     return busy, lagging
 
 
@@ -177,7 +184,7 @@ def delivery_sentence(levels: pd.DataFrame, stream_interval: int | None) -> str:
         return "delivery: no streamed tokens were measured."
     expected = stream_interval or 1
     tpc = levels.dropna(subset=["tokens_per_chunk"])
-    above = [f"c={int(r['concurrency'])} ({r['tokens_per_chunk']:.2f})"
+    above = [f"{level_label(r)} ({r['tokens_per_chunk']:.2f})"
              for _, r in tpc.iterrows()
              if r["tokens_per_chunk"] > expected * _think_end_allowance(r) * 1.005]
     what = (f"the stream interval ({expected})" if stream_interval is not None

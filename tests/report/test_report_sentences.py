@@ -5,13 +5,14 @@ from __future__ import annotations
 import pandas as pd
 
 from lab.report.build import _setup_lines
-from lab.report.markdown import client_sentence
+from lab.report.markdown import client_sentence, delivery_sentence
 
 
-def _levels(lag_ms: float, ttft_ms: float, cpu_pct: float = 20.0) -> pd.DataFrame:
+def _levels(lag_ms: float, ttft_ms: float, cpu_pct: float = 20.0,
+            itl_ms: float = 10.0) -> pd.DataFrame:
     return pd.DataFrame([{"concurrency": 32, "client_cpu_pct_max_proc": cpu_pct,
                           "loop_lag_p99_ms": lag_ms, "ttft_ms_p50": ttft_ms,
-                          "client_cpu_ms_per_req": 1.0}])
+                          "itl_ms_p50": itl_ms, "client_cpu_ms_per_req": 1.0}])
 
 
 def test_a_loop_lag_small_beside_the_ttft_is_not_called_a_cpu_shortage() -> None:
@@ -24,6 +25,15 @@ def test_a_loop_lag_large_beside_the_ttft_is_flagged_with_both_figures() -> None
     assert "short of CPU" in text
     assert "loop lag p99 5.0 ms against TTFT p50 20.0 ms" in text
     assert "above 10% of the level's TTFT p50" in text
+
+
+def test_a_loop_lag_above_the_token_gap_is_flagged_even_beside_a_long_ttft() -> None:
+    # vLLM on 2 cores: a stall inflated the TTFT it hid behind (128 ms of lag p99 against a
+    # TTFT p50 of 2.7 s) and merged the tokens the loop read (ITL p50 0.0 ms)
+    text = client_sentence(_levels(127.6, 2676.0, cpu_pct=1.0, itl_ms=0.0))
+    assert "short of CPU" in text
+    assert "loop lag p99 127.6 ms against TTFT p50 2,676 ms, ITL p50 0.0 ms" in text
+    assert client_sentence(_levels(1.2, 2676.0, itl_ms=5.0)).startswith("the client kept up")
 
 
 def test_a_busy_client_is_the_bottleneck_whatever_the_lag() -> None:
@@ -40,3 +50,11 @@ def test_the_header_states_the_request_count_it_used_when_left_at_the_default() 
     assert per_level.startswith("per level: 100, 256 requests (--requests not given")
     given = _setup_lines({"sweep": {"requests": 50, "warmup": 0}}, requests)
     assert any(line.startswith("per level: 50 requests + warm-up 0") for line in given)
+
+
+def test_the_delivery_sentence_names_an_open_loop_level_by_its_rate() -> None:
+    levels = pd.DataFrame([{"concurrency": 0, "rate": 7.0, "tokens_per_chunk": 1.4},
+                           {"concurrency": 0, "rate": 14.0, "tokens_per_chunk": 1.0}])
+    text = delivery_sentence(levels, None)
+    assert "above one token per event at rate=7/s (1.40):" in text
+    assert "c=0" not in text
