@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.fidelity.fit import path_at
+from lab.fidelity.gaps import gap_pct
 from lab.fidelity.probes import ProbeResult
 from mocker.engine.config import EngineArgs
 from mocker.engine.scheduler import EngineRequest, Scheduler
@@ -120,8 +121,7 @@ class ProbeReplay:
     models: dict[str, dict[str, float]]  # model -> SCORED -> ms
 
     def error_pct(self, model: str, figure: str) -> float:
-        m = self.measured[figure]
-        return 100.0 * (self.models[model][figure] - m) / m
+        return gap_pct(self.measured[figure], self.models[model][figure])
 
     def to_dict(self) -> dict[str, Any]:
         return {"probe": self.probe, "measured": self.measured, "models": self.models}

@@ -49,13 +49,14 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import click
 import pandas as pd
 
+from lab.fidelity.repeats import spread_pct
 from lab.open_loop.arrival_settings import parse_rates
 from tests.bench.server_metrics import MetricsPoller, ServerReading, has_vllm_ttft
 
@@ -220,12 +221,6 @@ def run_dir(out: Path, tool: str, rate: float, round_index: int, rounds: int) ->
     """`TOOL-R/` with one round, `TOOL-R-K/` (K from 1) with several."""
     name = f"{tool}-{rate:g}" if rounds == 1 else f"{tool}-{rate:g}-{round_index + 1}"
     return out / name
-
-
-def spread_pct(values: Sequence[float]) -> float:
-    """(max - min) / median, in %: how far one tool's rounds disagree with each other."""
-    median = statistics.median(values)
-    return 100.0 * (max(values) - min(values)) / median if median else float("nan")
 
 
 def summary_line(rate: float, runs: dict[str, list[dict]]) -> str:
