@@ -181,11 +181,9 @@ class EngineLink:
         wait = StartupWait(self.target)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise StartupError(
-                    f"the engine at {self.target} did not answer GetServerInfo within the "
-                    f"start-up deadline ({wait.summary()})"
-                )
+            if remaining <= 0:  # only before the first attempt: the loop ends below
+                raise StartupError(f"the engine at {self.target} was not tried: the start-up "
+                                   "deadline had passed")
             attempt_s = min(attempt_timeout_s, remaining)
             reason = await tcp_refusal(self.target, attempt_s)
             if reason is None:
@@ -198,7 +196,16 @@ class EngineLink:
                 except grpc.aio.AioRpcError as exc:
                     reason = f"GetServerInfo failed: {exc.code().name}"
             wait.failed(reason)
-            await asyncio.sleep(min(retry_interval_s, max(0.0, deadline - time.monotonic())))
+            # No attempt starts within a retry interval of the deadline: one squeezed into what
+            # is left (a timer can fire a fraction of a millisecond early) would time out in
+            # microseconds and report that as the reason instead of the engine's refusal.
+            if time.monotonic() + retry_interval_s >= deadline:
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+                raise StartupError(
+                    f"the engine at {self.target} did not answer GetServerInfo within the "
+                    f"start-up deadline ({wait.summary()})"
+                )
+            await asyncio.sleep(retry_interval_s)
 
     async def load(self, timeout_s: float) -> server_pb2.LoadInfo:
         return await self.control.GetLoad(server_pb2.GetLoadRequest(), timeout=timeout_s)
