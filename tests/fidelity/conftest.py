@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fidelity.curves import write_linear_engine, write_true_engine
+from tests.fidelity.curves import write_true_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -20,6 +20,13 @@ LAB = str(Path(sys.executable).with_name("lab"))
 def lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([LAB, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def lab_popen(*args: str, log: Path) -> subprocess.Popen:
+    """`lab ARGS` started in the background, its stdout and stderr going to `log`."""
+    with open(log, "w") as f:
+        return subprocess.Popen([LAB, *args], stdout=f, stderr=subprocess.STDOUT, text=True,
+                                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 @pytest.fixture(scope="module")
@@ -52,27 +59,6 @@ def true_target(tmp_path_factory: pytest.TempPathFactory,
 
 
 @pytest.fixture
-def power_law_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
-    """The true curve, a stack of the test's own (a calibration's timing would feel another
-    test's stack left idle beside it)."""
-    yield from lab_stack(tmp_path / "target", true_engine_args)
-
-
-@pytest.fixture
 def true_disagg_target(tmp_path: Path, true_engine_args: Path) -> Iterator[str]:
     """The same curve, 1 prefill + 1 decode engine."""
     yield from lab_stack(tmp_path / "target-disagg", true_engine_args, disagg=True)
-
-
-@pytest.fixture
-def floor_target(tmp_path: Path) -> Iterator[str]:
-    """The same curve behind a first-token floor (`request_mode: floor`) instead of a
-    request latency."""
-    yield from lab_stack(tmp_path / "target", write_true_engine(tmp_path / "true", floor=True))
-
-
-@pytest.fixture
-def linear_target(tmp_path: Path) -> Iterator[str]:
-    """A target whose engine's pass costs what is in it (the `linear` model, known
-    coefficients)."""
-    yield from lab_stack(tmp_path / "target", write_linear_engine(tmp_path / "true"))
