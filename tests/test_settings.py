@@ -303,7 +303,8 @@ def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
             dict(duration=2.5), dict(conc="auto", slo_ttft_ms=50.0)],
         "ClientSettings": [dict(client_procs=3, fresh_connection=True, in_process_client=True,
                                 gap_ms=2.5, timeout=30.0, cancel=0.25, cancel_after="8tok",
-                                cancel_seed=5)],
+                                cancel_seed=5),
+                           dict(client_realtime=True)],  # not with in_process_client
         "ArrivalSettings": [dict(rate=(5.0, 10.0), arrival="gamma:2", max_concurrency=16),
                             dict(rate="auto")],
         "ShardSettings": [dict(shard="1/4", barrier="etcd://127.0.0.1:2379/job-1",

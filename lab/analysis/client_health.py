@@ -40,8 +40,12 @@ def client_health(procs: list[dict], requests: pd.DataFrame) -> dict[str, Any]:
                   "clock_error_ns_max": max(p.get("clock_error_ns") or 0 for p in procs),
                   "nodes": [p.get("node_id") for p in procs],
                   "lost": [p["lost"] for p in procs if p.get("lost")]}
+    scheduled = {p["scheduling"] for p in procs if p.get("scheduling")}
     return {
         "procs": len(procs),
+        # how the client processes were scheduled (lab.load.priority): realtime or normal
+        "scheduling": scheduled.pop() if len(scheduled) == 1 else (
+            "mixed" if scheduled else None),
         "started_ns": started,
         "ended_ns": ended,
         "wall_s": wall_s,

@@ -17,7 +17,7 @@ from lab.fidelity import probes as P
 from lab.fidelity.target_engine import TargetEngine, read_target_engine
 from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
-from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
+from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_client, run_dir_options
 from lab.sweep.sweep_settings import SweepSettings
 from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_options
 from launch.topology_settings import TopologySettings
@@ -192,11 +192,10 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     from lab.fidelity.fit_report import fit_markdown
     from lab.fidelity.pass_fit import fit_linear, linear_engine_args
     from lab.fidelity.replay import best_model, replay_probes
-    from lab.load.client_settings import ClientSettings
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
 
-    client = ClientSettings(timeout=kw["timeout_s"], in_process_client=kw["in_process_client"])
+    client = run_client(kw, kw["timeout_s"])
     progress = LineProgress(quiet=kw["quiet"])
     try:
         results, lab_path = uvloop.run(measure(run_dir, url, model, probe_set, workload, kw,

@@ -22,7 +22,7 @@ from lab.load.trace_settings import TraceSettings
 from lab.open_loop.arrival_settings import ArrivalSettings
 from lab.shared.config_cli import field_option, options
 from lab.shared.engine_settings import EngineSettings
-from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_dir_options
+from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_client, run_dir_options
 from lab.sweep.sweep_settings import SweepSettings
 from lab.sweep.target import prompt_form_options, target_or_exit, workload_from_options
 from launch.topology_settings import TopologySettings
@@ -244,8 +244,7 @@ def _check_shape(kw: dict, arrival: ArrivalSettings, trace: TraceSettings) -> No
 def _plan_maker(concs: tuple[int, ...], workload: Any, arrival: ArrivalSettings,
                 trace: TraceSettings, kw: dict) -> Any:
     """plan_of(k): the sweep plan of repeat k (its prompts of --seed + k - 1)."""
-    from lab.load.client_settings import ClientSettings
-
+    client = run_client(kw, kw["timeout_s"])
     trace_plan = None
     if trace.trace is not None:
         from lab.commands.trace import trace_plan as make_trace_plan
@@ -257,8 +256,7 @@ def _plan_maker(concs: tuple[int, ...], workload: Any, arrival: ArrivalSettings,
         plan = RoundsPlan(concurrency=[] if open_loop else list(concs),
                           workload=replace(workload, seed=workload.seed + k - 1),
                           requests=kw["n_requests"], warmup=kw["warmup"],
-                          client=ClientSettings(timeout=kw["timeout_s"],
-                                                in_process_client=kw["in_process_client"]),
+                          client=client,
                           rounds=kw["rounds"], min_requests=kw["min_requests"],
                           rates=arrival.rates, rate_auto=arrival.auto,
                           arrival=arrival.process, max_concurrency=arrival.max_concurrency)
@@ -384,7 +382,6 @@ def run_suite(run_dir: Path, sides: list[Side], workload: Any, model: str, kw: d
     """--suite (lab/fidelity/suite.py): the target's saturation, then every side, each on one
     lab stack, sweeps every held-out workload (per repeat); suite.md and suite.json."""
     from lab.fidelity import suite
-    from lab.load.client_settings import ClientSettings
     from lab.load.sweep import LineProgress
     from lab.load.trace import write_trace
     from lab.load.trace_synth import synth_trace
@@ -393,7 +390,7 @@ def run_suite(run_dir: Path, sides: list[Side], workload: Any, model: str, kw: d
     say = say_to_stderr(kw["quiet"])
     progress = LineProgress(quiet=kw["quiet"])
     requests, repeat = kw["n_requests"], kw["repeat"]
-    client = ClientSettings(timeout=kw["timeout_s"], in_process_client=kw["in_process_client"])
+    client = run_client(kw, kw["timeout_s"])
 
     def plan(entry_workload: Any, **fields: Any) -> RoundsPlan:
         return RoundsPlan(workload=entry_workload, requests=requests, warmup=kw["warmup"],

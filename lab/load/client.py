@@ -41,6 +41,7 @@ import orjson
 from lab.load.cancel import CancelPlan
 from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
+from lab.load.priority import RealtimeRefused, make_realtime, scheduling
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse, parse_response
 
@@ -567,10 +568,16 @@ def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options
     die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
     shared = _Shared(next_index, done, errors)
     driver = _Driver(url, payloads, concurrency, warmup, options, shared, proc)
+    try:
+        sched = make_realtime() if options.client_realtime else scheduling()
+    except RealtimeRefused as exc:
+        conn.send(str(exc))  # the parent fails the level with it, before anything is sent
+        return
     conn.send("ready")
     start_ns, deadline_ns = conn.recv()
     try:
         info = uvloop.run(driver.run(start_ns=start_ns, deadline_ns=deadline_ns))
+        info["scheduling"] = sched
         conn.send(("ok", driver.records, info))
     except BaseException as exc:  # report, never hang the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}", None))

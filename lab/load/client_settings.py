@@ -5,6 +5,8 @@ but no option (`run_value`): the sweep sets them with `model_copy(update=...)`."
 
 from __future__ import annotations
 
+from pydantic import model_validator
+
 from lab.load.cancel import FIRST, CancelPlan, parse_cancel_after
 from lab.shared.config_cli import MAX_SECONDS, MAX_SEED, Settings, run_value, setting
 
@@ -28,6 +30,11 @@ class ClientSettings(Settings):
     in_process_client: bool = setting(
         False, "Run the load client inside the sweep process (default: a child "
         "process, so the client's CPU and loop-lag figures are its own, not the launcher's).")
+    client_realtime: bool = setting(
+        False, "Run the load client processes at real-time priority (SCHED_RR, the lowest "
+        "level; needs root or CAP_SYS_NICE): beside a server that keeps the cores busy, a "
+        "normal-priority client can wait up to a second for a core and stamp that wait into "
+        "TTFT and ITL (docs/fidelity.md \"The client's scheduling\").")
     gap_ms: float = setting(
         0.0, "Idle time between a slot's response and its next request.", ge=0,
         le=MAX_SECONDS * 1000)
@@ -57,6 +64,13 @@ class ClientSettings(Settings):
     # are then an endless lazy set, built on demand; docs/open-loop.md "Ramp-up")
     ramp_up_s: float = run_value(0.0, "Spread a closed-loop level's slots over this long.")
     after_ramp: int | None = run_value(None, "Requests a ramped level sends after its ramp.")
+
+    @model_validator(mode="after")
+    def _realtime_needs_processes(self) -> ClientSettings:
+        if self.client_realtime and self.in_process_client:
+            raise ValueError("--client-realtime schedules the client processes: it cannot be "
+                             "combined with --in-process-client")
+        return self
 
     def cancels(self) -> CancelPlan | None:
         """The --cancel plan when it cancels anything (None: the plain send path)."""

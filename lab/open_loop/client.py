@@ -55,6 +55,7 @@ from lab.load.client import (
 )
 from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, post_request
+from lab.load.priority import RealtimeRefused, make_realtime, scheduling
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse
 from lab.open_loop.arrivals import split_streams
@@ -258,10 +259,16 @@ def _child(url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarr
 
     die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
     driver = _OpenDriver(url, payloads, indices, offsets, warmup, options, cap, proc, done, errors)
+    try:
+        sched = make_realtime() if options.client_realtime else scheduling()
+    except RealtimeRefused as exc:
+        conn.send(str(exc))  # the parent fails the level with it, before anything is sent
+        return
     conn.send("ready")
     start_ns = conn.recv()
     try:
         info = uvloop.run(driver.run(start_ns=start_ns))
+        info["scheduling"] = sched
         conn.send(("ok", driver.records, info))
     except BaseException as exc:  # report, never hang the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}", None))

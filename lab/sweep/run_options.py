@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from lab.load.client_settings import ClientSettings
-from lab.shared.config_cli import Settings, field_option
+from lab.shared.config_cli import Settings, field_option, parse_settings
 from lab.sweep.sweep_settings import SweepSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,9 +28,11 @@ def option_of(model: type[Settings], name: str, decls: tuple[str, ...] | None = 
 
 
 def run_dir_options(default_name: str) -> Callable[[F], F]:
-    """--in-process-client, --out, --name (default `default_name`), --no-plots, --quiet."""
+    """--in-process-client, --client-realtime, --out, --name (default `default_name`),
+    --no-plots, --quiet."""
     stack = [
         field_option(ClientSettings, "in_process_client"),
+        field_option(ClientSettings, "client_realtime"),
         field_option(SweepSettings, "out"),
         (("--name",), dict(default=default_name, show_default=True, help="Run name.")),
         field_option(SweepSettings, "no_plots"),
@@ -43,3 +45,11 @@ def run_dir_options(default_name: str) -> Callable[[F], F]:
         return func
 
     return decorate
+
+
+def run_client(kw: dict[str, Any], timeout_s: float) -> ClientSettings:
+    """The client settings of a command with `run_dir_options` (a clear usage error for a
+    combination the settings refuse)."""
+    return parse_settings(ClientSettings, {"timeout": timeout_s,
+                                           "in_process_client": kw["in_process_client"],
+                                           "client_realtime": kw["client_realtime"]})
