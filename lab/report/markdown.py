@@ -118,7 +118,8 @@ def client_sentence(levels: pd.DataFrame) -> str:
                    "its ITL p50) while the "
                    "client itself was not busy: "
                    "the machine was short of CPU, so timestamps at those levels carry up to "
-                   "that much delay.")
+                   "that much delay (beside a server that keeps the cores busy, "
+                   "--client-realtime runs the client ahead of it).")
     if out:
         return " ".join(out)
     cpu_max = levels["client_cpu_pct_max_proc"].max()

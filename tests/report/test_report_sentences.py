@@ -34,6 +34,7 @@ def test_a_loop_lag_above_the_token_gap_is_flagged_even_beside_a_long_ttft() -> 
     text = client_sentence(_levels(127.6, 2676.0, cpu_pct=1.0, itl_ms=5.6))
     assert "short of CPU" in text
     assert "loop lag p99 127.6 ms against TTFT p50 2,676 ms, ITL p50 5.6 ms" in text
+    assert "--client-realtime runs the client ahead of it" in text  # what to do about it
     assert client_sentence(_levels(1.2, 2676.0, itl_ms=5.0)).startswith("the client kept up")
 
 
