@@ -166,12 +166,13 @@ def test_every_sweep_and_client_setting_parses_back_from_its_argv(tmp_path: Path
                                        cancel=0.5, cancel_after="250ms", cancel_seed=3),
     }
     timed = SweepSettings(duration=5.0)  # --duration is the alternative to --requests
-    for model, settings in [*given.items(), (SweepSettings, timed)]:
+    realtime = ClientSettings(client_realtime=True)  # not with --in-process-client
+    for model, settings in [*given.items(), (SweepSettings, timed), (ClientSettings, realtime)]:
         with sweep.make_context("sweep", settings.to_argv()) as ctx:
             assert parse_settings(model, ctx.params) == settings
     for model, settings in given.items():
         left_out = set(option_names(model)) - set(settings.model_fields_set)
-        assert left_out <= {"duration"}, left_out
+        assert left_out <= {"duration", "client_realtime"}, left_out
     with sweep.make_context("sweep", []) as ctx:  # the defaults, through click
         assert parse_settings(SweepSettings, ctx.params) == SweepSettings()
         assert parse_settings(ClientSettings, ctx.params) == ClientSettings()
