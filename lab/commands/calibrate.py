@@ -192,6 +192,7 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     from lab.fidelity.fit_report import fit_markdown
     from lab.fidelity.pass_fit import fit_linear, linear_engine_args
     from lab.fidelity.replay import best_model, replay_probes
+    from lab.load.priority import on_this_machine
     from lab.load.sweep import LevelFailed, LineProgress
     from launch.errors import LaunchError
 
@@ -217,6 +218,12 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         return 1
+    if not client.client_realtime and on_this_machine(url):
+        fit.warnings.append(
+            "the target runs on this machine and the load client ran at normal priority: "
+            "where the target keeps the cores busy, the client's wait for a core lands in the "
+            "probes (vLLM on 2 cores: c=1 decode steps a quarter higher); --client-realtime "
+            "keeps it out (docs/fidelity.md \"The client's scheduling\")")
     profile = write_profile(fit, run_dir / "profile.csv")
     written = {"profile": {**engine_args(fit, profile), **scheduler},
                "linear": {**linear_engine_args(linear, fit, kw["engine_type"]), **scheduler}}

@@ -13,7 +13,9 @@ the client.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+from urllib.parse import urlsplit
 
 #: The lowest real-time priority: above every normal process, below anything real-time.
 CLIENT_RT_PRIORITY = 1
@@ -44,3 +46,15 @@ def scheduling() -> str:
     """How the calling thread is scheduled: REALTIME or NORMAL."""
     policy = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
     return REALTIME if policy in (os.SCHED_RR, os.SCHED_FIFO) else NORMAL
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether `url`'s host is this machine's loopback (where the server shares the client's
+    cores); a name other than localhost is not resolved and counts as elsewhere."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

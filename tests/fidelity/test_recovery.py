@@ -102,6 +102,8 @@ def test_calibrate_recovers_a_power_law_curve(calibrations: dict[str, Calibrated
                        f" (bound {bound:.1f} ms)")
     assert sorted(knots["request"]) == [128, 512, 1024]
     assert not off, "\n".join(off) + "\n" + (out / "fit.md").read_text()
+    # the target is on this machine and the client ran at normal priority (in-process)
+    assert "--client-realtime keeps it out" in (out / "fit.md").read_text()
     args = json.loads((out / "engine-args-profile.json").read_text())
     assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
     # `--timing auto` chose the profile: this target runs a profile, which the linear pass

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.load.priority import on_this_machine
+
 LAB = str(Path(sys.executable).parent / "lab")
 SMALL = ("--requests", "4", "--warmup", "0", "--osl", "4", "--isl", "8", "--speedup", "0",
          "--no-plots", "--quiet")
@@ -59,3 +61,12 @@ def test_realtime_and_an_in_process_client_are_a_usage_error(tmp_path: Path) -> 
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--client-realtime" in proc.stderr and "--in-process-client" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("url", "here"), [
+    ("http://127.0.0.1:8901", True), ("http://127.0.0.5/v1", True), ("http://[::1]:80", True),
+    ("http://localhost:8000", True), ("http://10.0.0.7:8000", False),
+    ("http://example.com", False)])
+def test_a_loopback_target_is_on_this_machine(url: str, here: bool) -> None:
+    """Where `lab calibrate` warns that the client's wait for a core may land in the probes."""
+    assert on_this_machine(url) is here
