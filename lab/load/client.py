@@ -41,7 +41,7 @@ import orjson
 from lab.load.cancel import CancelPlan
 from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, connect, post_request
-from lab.load.priority import RealtimeRefused, make_realtime, scheduling
+from lab.load.priority import client_scheduling
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse, parse_response
 
@@ -568,10 +568,8 @@ def _child(url: str, payloads: _Payloads, concurrency: int, warmup: int, options
     die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
     shared = _Shared(next_index, done, errors)
     driver = _Driver(url, payloads, concurrency, warmup, options, shared, proc)
-    try:
-        sched = make_realtime() if options.client_realtime else scheduling()
-    except RealtimeRefused as exc:
-        conn.send(str(exc))  # the parent fails the level with it, before anything is sent
+    sched = client_scheduling(options.client_realtime, conn)
+    if sched is None:  # refused: the parent has the reason
         return
     conn.send("ready")
     start_ns, deadline_ns = conn.recv()

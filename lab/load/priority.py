@@ -1,20 +1,18 @@
 """Real-time scheduling for the load client's processes (`--client-realtime`).
 
 Beside a server that keeps the machine's cores busy (vLLM's EngineCore and Worker each hold a
-core while they serve), a normal-priority client can wait for a core for up to a second after
-its socket becomes readable, and that wait lands in the TTFT and ITL it stamps. On the 2-core
-VM of docs/fidelity.md ("The client's scheduling"), a c=1 level against vLLM had event-loop
-stalls of 0.5-0.8 s and a TTFT p99 of 128-456 ms at normal priority; under SCHED_RR the largest
-stall was 1 ms and the TTFT p99 96-98 ms, with the same TTFT p50. The client's own CPU is a few
-percent of a core, so the lowest real-time level costs the server next to nothing; the
-kernel's real-time throttling (sched_rt_runtime_us) still bounds it if a level ever saturates
-the client.
+core while they serve), a normal-priority client can wait for a core long after its socket
+becomes readable, and that wait lands in the TTFT and ITL it stamps (docs/fidelity.md "The
+client's scheduling"; the figures: docs/measurements.md). The client's own CPU is a few percent
+of a core, so the lowest real-time level costs the server next to nothing; the kernel's
+real-time throttling (sched_rt_runtime_us) still bounds it if a level ever saturates the client.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Any
 from urllib.parse import urlsplit
 
 #: The lowest real-time priority: above every normal process, below anything real-time.
@@ -40,6 +38,17 @@ def make_realtime() -> str:
             f"load client ({exc.strerror}): run as root or with CAP_SYS_NICE, or drop the "
             "option") from None
     return REALTIME
+
+
+def client_scheduling(realtime: bool, conn: Any) -> str | None:
+    """A client process's scheduling, before it says "ready" on `conn`: real-time when asked
+    (else as it is). Where the kernel refuses, the refusal goes to the parent on `conn`, which
+    fails the level with it before anything is sent, and None comes back: the child ends."""
+    try:
+        return make_realtime() if realtime else scheduling()
+    except RealtimeRefused as exc:
+        conn.send(str(exc))
+        return None
 
 
 def scheduling() -> str:

@@ -55,7 +55,7 @@ from lab.load.client import (
 )
 from lab.load.client_settings import IN_PROCESS, ClientSettings
 from lab.load.http1 import Http1Connection, Origin, post_request
-from lab.load.priority import RealtimeRefused, make_realtime, scheduling
+from lab.load.priority import client_scheduling
 from lab.load.record import RequestRecord, Sent
 from lab.load.sse import RawResponse
 from lab.open_loop.arrivals import split_streams
@@ -259,10 +259,8 @@ def _child(url: str, payloads: _Payloads, indices: np.ndarray, offsets: np.ndarr
 
     die_with_parent(parent)  # a SIGKILLed `lab` must not leave its load clients running
     driver = _OpenDriver(url, payloads, indices, offsets, warmup, options, cap, proc, done, errors)
-    try:
-        sched = make_realtime() if options.client_realtime else scheduling()
-    except RealtimeRefused as exc:
-        conn.send(str(exc))  # the parent fails the level with it, before anything is sent
+    sched = client_scheduling(options.client_realtime, conn)
+    if sched is None:  # refused: the parent has the reason
         return
     conn.send("ready")
     start_ns = conn.recv()
