@@ -318,6 +318,15 @@ class Scheduler:
                 best = f
         return best
 
+    def first_ready_ms(self, now_ms: float) -> float | None:
+        """Earliest ``ready_at_ms`` among waiting requests that are ready at `now_ms`, or None
+        when none of them had to wait for one (every ``ready_at_ms`` is 0)."""
+        best: float | None = None
+        for r in self._waiting:
+            if 0.0 < r.ready_at <= now_ms and (best is None or r.ready_at < best):
+                best = r.ready_at
+        return best
+
     @property
     def running_count(self) -> int:
         """Requests running (each gets one token per decode pass)."""
@@ -469,7 +478,12 @@ class Scheduler:
             self._completed += len(done)
             self._running = [r for r in running if r.state == _RUNNING]
 
-        duration = self._timing.pass_ms(prefill_tokens, pairs, n_batch, n_decode, decode_kv)
+        # A pass that schedules nothing (every waiting request still on its way: a per-request
+        # latency, a KV transfer) is not run, so it takes no time: charged the per-pass
+        # constant, it would move the clock on in steps of it and admit a request that became
+        # ready in between up to that much late.
+        duration = (self._timing.pass_ms(prefill_tokens, pairs, n_batch, n_decode, decode_kv)
+                    if n_batch else 0.0)
         early: list[tuple[float, int]] = []
         if self._held:
             signals = self._hold_back(signals, now_ms, now_ms + duration, early)

@@ -249,7 +249,7 @@ class EngineLoop:
                 continue
             now = _now_ms()
             if t_ms is None:
-                t_ms = busy_since = now
+                t_ms = busy_since = self._resume_ms(now)
             elif now - t_ms > RESYNC_MS:
                 stats.busy_wall_s += (now - busy_since) / 1000.0
                 t_ms = busy_since = now
@@ -306,6 +306,18 @@ class EngineLoop:
                 await sleep(0)  # nothing handed out (e.g. a prefill chunk): let I/O run
         for live in list(self._live.values()):
             live.end(Exit.CLOSED)  # (a no-op for a stream that was ended or claimed already)
+
+    def _resume_ms(self, now: float) -> float:
+        """The simulated start of the first pass after an idle spell: when its first request
+        became ready, not when the loop woke up for it. The wake-up is late by the event
+        loop's timer granularity (libuv's is a millisecond) and its scheduling, and a pass
+        started then would also take in the requests that became ready in between: a burst
+        of arrivals a few hundred microseconds apart would share one pass, where an engine
+        that starts as soon as the first is ready runs it alone (vLLM, docs/fidelity.md)."""
+        first = self.scheduler.first_ready_ms(now)
+        if first is None or now - first > RESYNC_MS:
+            return now
+        return first
 
     async def _release_early(self, result: PassResult) -> list[Signal]:
         """Deliver the pass's `early` signals, each group once its time has come (sleeping

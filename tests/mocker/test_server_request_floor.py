@@ -7,8 +7,11 @@ the latency has passed, so the tokens of the passes before it arrive together.""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +74,37 @@ def test_a_held_first_token_comes_out_at_the_floor_inside_a_pass(tmp_path: Path)
     ttft, third = stamps[0], stamps[2]
     assert floor_ms / 1000 <= ttft < (floor_ms + step_ms / 2) / 1000, stamps
     assert third - ttft > step_ms / 4 / 1000, stamps  # the third token is the 201 ms pass's
+
+
+def _first_token_s(stream: Iterator[Any], t0: float, out: dict[str, float], name: str) -> None:
+    for _msg in stream:
+        out.setdefault(name, time.monotonic() - t0)
+
+
+def test_a_delayed_request_starts_its_pass_when_it_becomes_ready(tmp_path: Path) -> None:
+    """An idle engine, a per-request delay (`delay` mode), passes of 400 ms, two requests sent
+    together: the one that arrives first runs in the pass that starts when it is ready, alone,
+    though the other became ready moments later (before the loop's timer woke up for the
+    first); the other takes the next pass. A pass that schedules nothing (the first still on
+    its way) takes no time: charged the per-pass constant, it would hold the first back a
+    whole 400 ms."""
+    delay_ms, pass_ms = 100.0, 400.0
+    args = {"engine_type": "vllm", "timing": {"type": "linear", "pass_ms": pass_ms,
+                                              "request_ms": delay_ms}}
+    with engine_process(tmp_path, "engine-ready", "--speedup-ratio", "1",
+                        "--engine-args", json.dumps(args)) as e:
+        firsts: dict[str, float] = {}
+        t0 = time.monotonic()
+        streams = {name: e.inference.Generate(request(f"r-{name}", max_tokens=2), timeout=60)
+                   for name in ("a", "b")}
+        threads = [threading.Thread(target=_first_token_s, args=(s, t0, firsts, n))
+                   for n, s in streams.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    a, b = sorted(firsts.values())  # either may reach the engine first
+    # the first: its delay, then one pass; the empty pass at its arrival would add one more
+    assert (delay_ms + pass_ms) / 1000 <= a < (delay_ms + 1.5 * pass_ms) / 1000, firsts
+    # the other: the pass after
+    assert b - a > pass_ms / 2 / 1000, firsts
