@@ -78,6 +78,7 @@ def every_field_changed(tmp_path: Path) -> dict[type[Settings], dict[str, Any]]:
             expect={"prefill": 2, "decode": 1}, tokenizer=str(tokenizer), model_name="m-3",
             max_body_bytes=1000, idle_timeout=2.5, body_timeout=1.5, max_connections=10,
             shutdown_grace=0.5, debug_endpoints=True, log_level="error", reasoning_parser="think",
+            add_special_tokens=True,
         ),
     }
 

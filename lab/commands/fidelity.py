@@ -161,6 +161,7 @@ def fidelity(**kw: Any) -> None:
     [repeat-k/]WORKLOAD/SIDE/ run directories, suite.md and suite.json.
     """
     from lab.fidelity.lab_stack import lab_spec
+    from lab.fidelity.target_engine import added_prompt_tokens
 
     arrival: ArrivalSettings = kw.pop("arrival")
     trace: TraceSettings = kw.pop("trace")
@@ -201,6 +202,14 @@ def fidelity(**kw: Any) -> None:
             checks[side.name] = info
     info = checks["target"]
     workload = replace(workload, include_usage=info.include_usage)
+    added = added_prompt_tokens(info, workload.tokenizer)
+    if added:
+        # the target counts (and computes) a prompt with its BOS: so do the lab's frontends
+        for side in sides:
+            if side.is_lab:
+                side.spec.extra_frontend_args = [*side.spec.extra_frontend_args,
+                                                 "--add-special-tokens"]
+        kw["added_prompt_tokens"] = added
     run_dir = make_dir(kw["name"], kw["out"])
     from launch.config import write_config
 
@@ -212,7 +221,7 @@ def fidelity(**kw: Any) -> None:
         "rates": arrival.rate, "arrival": arrival.arrival,
         "trace": None if trace.trace is None else str(trace.trace),
         "workload": workload.to_dict(), "requests": kw["n_requests"], "warmup": kw["warmup"],
-        "repeat": kw["repeat"], "argv": sys.argv}})
+        "repeat": kw["repeat"], "added_prompt_tokens": added, "argv": sys.argv}})
     if kw["suite"]:
         sys.exit(run_suite(run_dir, sides, workload, info.model, kw))
     plan_of = _plan_maker(concs, workload, arrival, trace, kw)
@@ -489,12 +498,14 @@ def suite_report(run_dir: Path, sides: list[Side], entries: list[Any], saturatio
              f"{suite.SATURATION_OSL} (saturation/), measured first.", ""]
     intro += [f"* `{e.name}`: {e.describe(saturation)}" for e in entries]
     intro += ["", f"Lab engine args: {kw['engine_args'] or 'defaults'}{also}, speedup "
-              f"{kw['speedup']:g}. Gap = (lab - target) / target; {spread}.", ""]
+              f"{kw['speedup']:g}. Gap = (lab - target) / target; {spread}.",
+              *_added_tokens_line(kw), ""]
     text = suite.suite_markdown(rows, [(s.name, s.column) for s in labs], stats, intro)
     text += client_health_notes(levels, repeat)
     text += f"\nRun directory: {run_dir}\n"
     suite.write_suite(run_dir, text, {
         "target": kw["target"], "repeat": repeat,
+        "added_prompt_tokens": kw.get("added_prompt_tokens", 0),
         "saturation": {"concurrency": suite.SATURATION_CONC, "isl": suite.SATURATION_ISL,
                        "osl": suite.SATURATION_OSL, "req_s": saturation},
         "workloads": [{"name": e.name, "describe": e.describe(saturation), "isl": e.isl,
@@ -626,7 +637,16 @@ def _intro(workload: Any, kw: dict, config: dict | None = None) -> list[str]:
     return [f"# Fidelity: the lab against {kw['target']}", "",
             f"{what}, {workload.prompt_kind} prompts; lab engine args: "
             f"{kw['engine_args'] or 'defaults'}{also}, speedup {kw['speedup']:g}. {shape}"
-            "Gap = (lab - target) / target.", ""]
+            "Gap = (lab - target) / target.", *_added_tokens_line(kw), ""]
+
+
+def _added_tokens_line(kw: dict) -> list[str]:
+    added = kw.get("added_prompt_tokens", 0)
+    if not added:
+        return []
+    return ["", f"The target counted {added} more prompt token(s) than the workload's ISL (its "
+            "tokenizer's special tokens, a BOS): the lab's frontends encode prompts with them "
+            "too (`lab frontend --add-special-tokens`), so both sides compute the same tokens."]
 
 
 def _also(kw: dict) -> list[tuple[str, str]]:

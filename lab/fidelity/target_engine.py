@@ -88,3 +88,20 @@ def read_target_engine(url: str, model: str) -> TargetEngine:
     if models:
         found.max_model_len = model_max_len(models, model)
     return found
+
+
+def added_prompt_tokens(info: Any, tokenizer: str | None) -> int:
+    """Special tokens the target adds to a prompt that the lab's frontend would not: the
+    probe's `usage.prompt_tokens` minus its ISL (exact in `tokenizer`), when the tokenizer's
+    post-processor adds exactly that many (vLLM's /v1/completions encodes with the BOS; the
+    lab's frontend does with --add-special-tokens). 0 otherwise, also when the target reports
+    no usage or the workload has no tokenizer."""
+    reported, isl = info.probe_prompt_tokens, info.probe_isl
+    if tokenizer is None or reported is None or isl is None or reported <= isl:
+        return 0
+    from lab.shared.hf_tokenizer import load_hf
+
+    tok = load_hf(tokenizer)
+    added = (len(tok.encode("a", add_special_tokens=True).ids)
+             - len(tok.encode("a", add_special_tokens=False).ids))
+    return added if reported - isl == added else 0

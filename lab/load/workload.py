@@ -22,6 +22,10 @@ prefix of ``shared_prefix`` tokens (the same for every request of a run with thi
 prefix-cache hits.
 
 Everything is deterministic for (spec.seed, level_seed, index): the same sweep sends the same bytes.
+A request's prompt is drawn from a generator keyed by the seed, the level, the index and the
+workload's shape (ISL and OSL, `prompt_key`), so two workloads of one seed that differ in shape
+share no prompt text: against a server with a prefix cache, a sweep at ISL 2048 after one at
+ISL 512 would otherwise start every prompt with the cached 512 tokens of the other's.
 """
 
 from __future__ import annotations
@@ -96,10 +100,15 @@ def _shared_prefix_ids(spec: WorkloadSpec) -> list[int]:
     return [rng.randint(TOKEN_ID_MIN, TOKEN_ID_MAX) for _ in range(spec.shared_prefix)]
 
 
+def prompt_key(spec: WorkloadSpec, level_seed: int, index: int) -> str:
+    """The seed of request `index`'s prompt generator (module doc: why the shape is in it)."""
+    return f"req/{spec.seed}/{spec.isl}/{spec.osl}/{level_seed}/{index}"
+
+
 def prompt_ids(spec: WorkloadSpec, level_seed: int, index: int,
                prefix: list[int] | None = None) -> list[int]:
     """The prompt token ids of request `index` (length isl, or drawn around it)."""
-    rng = random.Random(f"req/{spec.seed}/{level_seed}/{index}")
+    rng = random.Random(prompt_key(spec, level_seed, index))
     isl = _length(rng, spec.isl, spec.isl_stddev)
     if prefix is None:
         prefix = _shared_prefix_ids(spec)
@@ -162,7 +171,7 @@ class Prompts:
             ids = prompt_ids(spec, level_seed, index, prefix)
             return (ids if spec.prompt_kind == "token_ids" and spec.endpoint != "chat"
                     else ids_to_words(ids)), len(ids)
-        rng = random.Random(f"req/{spec.seed}/{level_seed}/{index}")
+        rng = random.Random(prompt_key(spec, level_seed, index))
         isl = _length(rng, spec.isl, spec.isl_stddev)
         if spec.tokenizer is None:
             head = prefix.split()[:isl]
@@ -262,7 +271,7 @@ class RequestSet(LazyRequests):
 
     def requested(self, i: int) -> tuple[int, int]:
         """(prompt tokens, output tokens) requested by body `i`, in the workload's tokenizer."""
-        rng = random.Random(f"req/{self.spec.seed}/{self.level_seed}/{i}")
+        rng = random.Random(prompt_key(self.spec, self.level_seed, i))
         return (_length(rng, self.spec.isl, self.spec.isl_stddev),
                 output_len(self.spec, self.level_seed, i))
 

@@ -15,7 +15,8 @@ N tokens, which is what a load lab wants:
 `HFTokenizer` loads a HuggingFace `tokenizer.json` with the `tokenizers` package (imported only
 when used) through `lab.shared.hf_tokenizer`, the loader the workload uses too, so
 `lab up --tokenizer DIR` and `lab sweep --tokenizer DIR` count prompt tokens the same way
-(add_special_tokens=False), and the launched engines emit only ids of its vocabulary
+(add_special_tokens=False; the frontend's --add-special-tokens encodes a prompt with them, a
+BOS, as vLLM does), and the launched engines emit only ids of its vocabulary
 (`mocker serve --tokenizer`). Its stop strings map when they encode to exactly one token.
 
 A stream decodes through `stream_decoder()`, an incremental detokenizer like vLLM's: each chunk's
@@ -282,7 +283,7 @@ class HFTokenizer:
 
     releases_gil = True  # encode() runs in Rust with the GIL released (below)
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, special_tokens: bool = False) -> None:
         from lab.shared.hf_tokenizer import TokenizerFileError, load_hf, tokenizer_json
 
         try:
@@ -291,6 +292,8 @@ class HFTokenizer:
         except TokenizerFileError as exc:
             raise ValueError(f"--tokenizer {exc}") from None
         self.name = str(p)
+        #: encode a prompt with the post-processor's special tokens (a BOS), as vLLM does
+        self.special_tokens = special_tokens
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._bytes = byte_level_table(self._tok)
 
@@ -300,7 +303,8 @@ class HFTokenizer:
         # `encode_batch_fast` of one text: the same ids as `encode`, without the offsets
         # (cheaper), and it releases the GIL (`encode` holds it), so the frontend can run it
         # off its event loop (`releases_gil`).
-        return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        return self._tok.encode_batch_fast([text],
+                                           add_special_tokens=self.special_tokens)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         table = self._bytes
@@ -319,8 +323,9 @@ class HFTokenizer:
         return ids[0] if len(ids) == 1 else None
 
 
-def load_tokenizer(path: str | Path | None) -> Tokenizer:
-    """The default word tokenizer, or the HuggingFace tokenizer at `path`."""
+def load_tokenizer(path: str | Path | None, special_tokens: bool = False) -> Tokenizer:
+    """The default word tokenizer, or the HuggingFace tokenizer at `path` (encoding with its
+    special tokens when `special_tokens`; the word tokenizer has none)."""
     if path is None or str(path) == "":
         return WordTokenizer()
-    return HFTokenizer(path)
+    return HFTokenizer(path, special_tokens)

@@ -109,9 +109,17 @@ class FrontendSettings(Settings):
         parse=parse_expect, format=format_expect)
     tokenizer: str | None = setting(
         None, "A HuggingFace tokenizer.json (or a local model directory holding one; no hub "
-        "access): prompts are encoded and output decoded with it (add_special_tokens=False). "
+        "access): prompts are encoded and output decoded with it (without its special tokens "
+        "unless --add-special-tokens). "
         "Default: the word tokenizer (one token per whitespace-separated word).",
         parse=existing_path, metavar="PATH")
+    add_special_tokens: bool = setting(
+        False, "Encode a prompt's text with --tokenizer's special tokens (its post-processor's "
+        "BOS), as vLLM's /v1/completions does: a server that adds them counts and computes one "
+        "more prompt token. Off: the prompt's own tokens, as Dynamo's frontend counts them. "
+        "No effect with the word tokenizer (it has none). `lab fidelity` turns it on for the "
+        "lab's frontends when the target counts the probe's prompt that way.",
+        default_text="off")
     reasoning_parser: str = setting(
         "", "Split a chat answer at the think-end token (</think>): tokens before it stream as "
         "delta.reasoning_content, after it as delta.content, as vLLM's --reasoning-parser does "

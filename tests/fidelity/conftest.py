@@ -38,8 +38,13 @@ def lab_stack(stack: Path, engine_args: Path, disagg: bool = False,
               speedup: str = "1") -> Iterator[str]:
     """A detached `lab up` (1 prefill + 1 decode with `disagg`): its URL, `lab down` after."""
     shape = ["--disagg"] if disagg else []
-    up = lab("up", "--detach", *shape, "--engine-args", str(engine_args), "--speedup", speedup,
-             "--out", str(stack))
+    yield from lab_stack_from(stack, *shape, "--engine-args", str(engine_args), "--speedup",
+                              speedup)
+
+
+def lab_stack_from(stack: Path, *options: str) -> Iterator[str]:
+    """A detached `lab up OPTIONS`: its URL, `lab down` after."""
+    up = lab("up", "--detach", *options, "--out", str(stack))
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield next(w for w in up.stdout.split() if w.startswith("http://"))

@@ -48,9 +48,11 @@ than printing a table full of empty cells or stopping with a long trace of progr
 """
 
 
-def make_tokenizer(directory: Path) -> Path:
-    """Train the tokenizer into DIRECTORY/tokenizer.json (deterministic); returns DIRECTORY."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def make_tokenizer(directory: Path, bos: bool = False) -> Path:
+    """Train the tokenizer into DIRECTORY/tokenizer.json (deterministic); returns DIRECTORY.
+    With `bos`, its post-processor puts "<s>" before a text encoded with special tokens, as a
+    Llama tokenizer's does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -59,6 +61,9 @@ def make_tokenizer(directory: Path) -> Path:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(_TEXT.split("\n"), trainer=trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     return directory

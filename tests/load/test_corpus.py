@@ -97,6 +97,35 @@ def test_prompts_are_deterministic_per_seed_and_picklable(tok_dir: Path) -> None
         assert pool.apply(list, (rs,)) == a
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("kind", ["text", "token_ids"])
+def test_workloads_of_other_shapes_share_no_prompt_text(kind: str, tok_dir: Path) -> None:
+    # A sweep at ISL 200 after one at ISL 50 (same seed, level, index) must not start its
+    # prompts with the other's: a target's prefix cache would serve them.
+    tok = load_hf(str(tok_dir))
+    spec = WorkloadSpec(isl=50, osl=8, prompt_kind=kind, tokenizer=str(tok_dir))
+    ids = {}
+    for shape in [spec, WorkloadSpec(isl=200, osl=8, prompt_kind=kind, tokenizer=str(tok_dir)),
+                  WorkloadSpec(isl=50, osl=16, prompt_kind=kind, tokenizer=str(tok_dir))]:
+        bodies = build_requests(shape, "m", 4, level_seed=1)
+        ids[(shape.isl, shape.osl)] = [_count_ids(tok, b["prompt"]) for b in bodies]
+    base = ids[(50, 8)]
+    for other in [ids[(200, 8)], ids[(50, 16)]]:
+        assert all(_common_prefix(a, b) < 8 for a, b in zip(base, other, strict=True))
+
+
+def _count_ids(tok: object, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt
+    return tok.encode_batch_fast([prompt], add_special_tokens=False)[0].ids  # type: ignore[attr-defined]
+
+
 def test_text_without_tokenizer_is_isl_words() -> None:
     spec = WorkloadSpec(isl=30, shared_prefix=10, prompt_kind="text")
     bodies = build_requests(spec, "m", 4, level_seed=1)

@@ -31,7 +31,7 @@ def frontend(settings: FrontendSettings) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--discovery") from None
     try:
-        tokenizer = load_tokenizer(s.tokenizer)
+        tokenizer = load_tokenizer(s.tokenizer, special_tokens=s.add_special_tokens)
     except (RuntimeError, ValueError, OSError) as exc:
         raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
     if s.reasoning_parser:

@@ -99,7 +99,8 @@ class FrontendServer:
             enforce_disagg=config.enforce_disagg,
             migration_limit=config.migration_limit,
         )
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
+            config.tokenizer, special_tokens=config.add_special_tokens)
         self.app = FrontendApp(config, self.workers, self.dispatcher, self.tokenizer)
         self.address: str | None = None
 

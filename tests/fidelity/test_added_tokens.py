@@ -1,0 +1,35 @@
+"""A target that counts a prompt with its BOS (vLLM's /v1/completions): `lab fidelity` finds it
+from the probe's usage and launches the lab's frontends with --add-special-tokens, so both
+sides compute the same prompt tokens. The target here is a lab stack whose frontend adds them."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from lab.analysis.rundir import read_requests
+from tests.fidelity.conftest import lab, lab_stack_from
+from tests.load.small_tokenizer import make_tokenizer
+
+ISL = 40
+
+
+def test_fidelity_counts_the_prompt_as_a_target_that_adds_a_bos(tmp_path: Path) -> None:
+    tok = make_tokenizer(tmp_path / "tok", bos=True)
+    topology = tmp_path / "target.toml"
+    topology.write_text(f'tokenizer = "{tok}"\nspeedup = 1000.0\n'
+                        'extra_frontend_args = ["--add-special-tokens"]\n')
+    out = tmp_path / "fid"
+    with contextmanager(lab_stack_from)(tmp_path / "target", "--topology", str(topology)) as url:
+        proc = lab("fidelity", "--target", url, "--tokenizer", str(tok), "--prompt-kind", "text",
+                   "--conc", "1", "--requests", "4", "--isl", str(ISL), "--osl", "4",
+                   "--speedup", "1000", "--in-process-client", "--no-plots", "--out", str(out))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for side in ("target", "lab"):
+        req = read_requests(out / side)
+        assert (req["input_tokens_source"] == "usage").all()
+        assert (req["input_tokens"] == ISL + 1).all(), (side, req["input_tokens"].tolist())
+    assert "--add-special-tokens" in (out / "fidelity.md").read_text()
+    config = json.loads((out / "config.json").read_text())
+    assert config["fidelity"]["added_prompt_tokens"] == 1
