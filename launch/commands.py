@@ -122,6 +122,7 @@ def frontend_settings(spec: TopologySpec, discovery: str,
         model_name=spec.model,
         enforce_disagg=spec.enforce_disagg,
         tokenizer=spec.tokenizer,
+        add_special_tokens=spec.add_special_tokens,
         expect=spec.expected_workers(),
         **parser,  # type: ignore[arg-type]
     )

@@ -17,6 +17,7 @@ TOML layout (every key optional):
     migration_limit = 1           # lab.shared.settings.DEFAULT_MIGRATION_LIMIT; 0 = never
     enforce_disagg = false
     tokenizer = "/path/to/model"  # the frontend tokenizes with this HuggingFace tokenizer.json
+    add_special_tokens = false    # true: a prompt with the tokenizer's BOS, as vLLM counts it
     # fleet defaults (apply to every [[fleet]] that does not set them)
     speedup = 1000.0
     decode_speedup = 1.0
@@ -225,6 +226,7 @@ class TopologySpec:
                              ge=0, le=MAX_SECONDS, flag="--grace", metavar="SECONDS")
     migration_limit: int = field_like(FrontendSettings, "migration_limit")
     enforce_disagg: bool = field_like(FrontendSettings, "enforce_disagg")
+    add_special_tokens: bool = field_like(FrontendSettings, "add_special_tokens")
     # a HuggingFace tokenizer.json (or a model directory holding one) for the frontend;
     # None: the frontend's word tokenizer
     tokenizer: str | None = None

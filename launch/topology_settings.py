@@ -79,6 +79,11 @@ class TopologySettings(Settings):
         "`lab sweep` builds prompts of exactly --isl tokens in it (with --target: only the "
         "prompts).", metavar="PATH",
         default_text="the frontend's word tokenizer, one token per word")
+    add_special_tokens: bool | None = given_or_default(
+        TopologySpec, "add_special_tokens",
+        "Frontend: encode a prompt with --tokenizer's special tokens (its BOS), as vLLM's "
+        "/v1/completions does (one more prompt token per request).",
+        negation="--no-add-special-tokens")
     migration_limit: int | None = given_or_default(TopologySpec, "migration_limit")
     enforce_disagg: bool | None = given_or_default(
         TopologySpec, "enforce_disagg",

@@ -108,6 +108,7 @@ def _topologies(tmp_path: Path) -> list[TopologySpec]:
         prefill=2, decode=1, speedup=250.0, decode_speedup=3.0, stream_interval=4,
         engine_args={"max_num_seqs": 8}, migration_limit=0, enforce_disagg=True,
         router="random", model="m-4", frontend_port=8555, tokenizer=str(tokenizer),
+        add_special_tokens=True,
     )
     disagg.sockets = type(disagg.sockets)(client_nodelay=False, server_nodelay=False,
                                           split_writes=True, pool_size=7, http_nodelay=False)
@@ -137,9 +138,9 @@ def test_the_launchers_argv_is_what_each_process_parses(tmp_path: Path) -> None:
         got = parsed(FrontendSettings, argv[1:])
         assert got == meant_f
         assert (got.migration_limit, got.enforce_disagg, got.split_writes, got.pool_size,
-                got.expect) == (spec.migration_limit, spec.enforce_disagg,
-                                spec.sockets.split_writes, spec.sockets.pool_size,
-                                spec.expected_workers())
+                got.expect, got.add_special_tokens) == (
+                    spec.migration_limit, spec.enforce_disagg, spec.sockets.split_writes,
+                    spec.sockets.pool_size, spec.expected_workers(), spec.add_special_tokens)
 
 
 def test_extra_args_follow_the_generated_flags() -> None:
@@ -318,6 +319,7 @@ def command_values(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
             pool_size=5, http_nodelay=False, frontend_port=8123, discovery="etcd",
             restart_engine="on-failure", restart_sidecar="never", model="m-5",
             tokenizer=str(tokenizer), migration_limit=3, enforce_disagg=False, name="n-1",
+            add_special_tokens=True,
             ready_timeout_s=12.5, grace_s=0.5)],
         "UpSettings": [dict(out=tmp_path / "up", detach=True, supervise=tmp_path / "sup",
                             ray="127.0.0.1:6379")],

@@ -14,7 +14,7 @@ import click
 
 from lab.commands.sweep import make_dir
 from lab.fidelity import probes as P
-from lab.fidelity.target_engine import TargetEngine, read_target_engine
+from lab.fidelity.target_engine import TargetEngine, added_prompt_tokens, read_target_engine
 from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
 from lab.sweep.run_options import TARGET_MODEL_HELP, option_of, run_client, run_dir_options
@@ -168,9 +168,11 @@ def calibrate(**kw: Any) -> None:
                           quiet=kw["quiet"])
     workload = replace(workload, include_usage=info.include_usage)
     target_engine = read_target_engine(info.url, info.model)
+    target_engine.added_prompt_tokens = added_prompt_tokens(info, workload.tokenizer)
     if not kw["context_isl"]:
         probe_set = replace(probe_set, context_isl=P.default_context_isl(
             budget, target_engine.max_model_len, probe_set.context_osl))
+    probe_set = replace(probe_set, added=target_engine.added_prompt_tokens)
     run_dir = make_dir(kw["name"], kw["out"])
     from launch.config import write_config
 
@@ -282,6 +284,11 @@ def assumed_settings(kw: dict, target: TargetEngine) -> list[str]:
                      "prefix caching are the lab mocker's")
     if target.max_model_len:
         lines.append(f"the target's max_model_len is {target.max_model_len} (/v1/models)")
+    if target.added_prompt_tokens:
+        lines.append(f"the target counts {target.added_prompt_tokens} more prompt token(s) than "
+                     "the ISL (its tokenizer's special tokens, a BOS; the probe's usage): the "
+                     "fit takes each probe's prompt as that many tokens more, and the lab's "
+                     "path was measured with them (--add-special-tokens)")
     return lines
 
 
@@ -307,6 +314,8 @@ async def measure(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet, wo
     engine_ms = LAB_PATH_PREFILL_MS
     spec = lab_spec(speedup=1.0, tokenizer=kw["tokenizer"], name="lab-path",
                     engine_args=json.dumps(fixed))
+    # the lab's path for the prompts the target computes (its BOS too)
+    spec.add_special_tokens = probe_set.added > 0
 
     async def work(lab_url: str, lab_model: str) -> tuple[list[P.ProbeResult], dict[int, float]]:
         lab_path: dict[int, float] = {}

@@ -207,8 +207,7 @@ def fidelity(**kw: Any) -> None:
         # the target counts (and computes) a prompt with its BOS: so do the lab's frontends
         for side in sides:
             if side.is_lab:
-                side.spec.extra_frontend_args = [*side.spec.extra_frontend_args,
-                                                 "--add-special-tokens"]
+                side.spec.add_special_tokens = True
         kw["added_prompt_tokens"] = added
     run_dir = make_dir(kw["name"], kw["out"])
     from launch.config import write_config
@@ -646,7 +645,7 @@ def _added_tokens_line(kw: dict) -> list[str]:
         return []
     return ["", f"The target counted {added} more prompt token(s) than the workload's ISL (its "
             "tokenizer's special tokens, a BOS): the lab's frontends encode prompts with them "
-            "too (`lab frontend --add-special-tokens`), so both sides compute the same tokens."]
+            "too (`--add-special-tokens`), so both sides compute the same tokens."]
 
 
 def _also(kw: dict) -> list[tuple[str, str]]:

@@ -208,7 +208,7 @@ def fit_profile(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float]
         if not math.isfinite(r.ttft_ms_p50):
             warnings.append(f"{r.probe.name}: no TTFT measured (skipped for prefill)")
             continue
-        t = float(r.probe.isl)
+        t = float(r.probe.tokens)
         first = max(dfn(t), DECODE_FLOOR_MS) if DEFAULT_FIRST_TOKEN_DECODE[engine_type] else 0.0
         path = path_at(lab_path_ms, t)
         rest = r.ttft_ms_p50 - path - first  # the target's prefill plus its own path
@@ -299,7 +299,7 @@ def _prefix_effect(fit: Fit, results: Sequence[ProbeResult]) -> None:
     for r in results:
         if r.probe.kind != "prefix" or not math.isfinite(r.ttft_ms_p50):
             continue
-        t = float(r.probe.isl)
+        t = float(r.probe.tokens)
         prefill = fit.prefill_ms(t)
         if prefill <= 0:
             fit.warnings.append(f"{r.probe.name}: fitted prefill at {t:g} tokens is 0: the "

@@ -154,15 +154,15 @@ def equations(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
                 warnings.append(f"{p.name}: TTFT {r.ttft_ms_p50:.2f} ms is not above the lab's "
                                 "own path (no prefill equation)")
                 continue
-            chunks = prefill_chunks(p.isl, budget)
+            chunks = prefill_chunks(p.tokens, budget)
             passes = [pass_features(n, prefill_pairs(n, before), 1, 0, 0)
                       for n, before in chunks]
             total = tuple(sum(col) for col in zip(*passes, strict=True))
-            eqs.append(Equation(p.name, TTFT, total + _request_features(p.isl), rest,
+            eqs.append(Equation(p.name, TTFT, total + _request_features(p.tokens), rest,
                                 f"{len(chunks)} prefill pass(es) + the target's path"))
         if p.kind == "overlap" and math.isfinite(r.prefill_gap_ms) and r.prefill_gap_ms > 0:
             # the other stream's decode takes one token of each pass's budget
-            n, before = max(prefill_chunks(p.isl, max(budget - 1, 1)),
+            n, before = max(prefill_chunks(p.tokens, max(budget - 1, 1)),
                             key=lambda c: prefill_pairs(*c))
             with_chunk = pass_features(n, prefill_pairs(n, before), 2, 1, 0)
             plain = pass_features(0, 0.0, 1, 1, 0)

@@ -80,16 +80,24 @@ class Probe:
     requests: int
     warmup: int
     seed: int  # the workload seed: distinct per probe
+    #: prompt tokens the target adds to each request's ISL (its tokenizer's BOS: vLLM's
+    #: completions), lab/fidelity/target_engine.py `added_prompt_tokens`
+    added: int = 0
 
     @property
     def name(self) -> str:
         return f"{self.kind}-isl{self.isl}-osl{self.osl}-c{self.concurrency}"
 
     @property
+    def tokens(self) -> int:
+        """Prompt tokens the target computes per request: the ISL and what it adds."""
+        return self.isl + self.added
+
+    @property
     def decode_kv_tokens(self) -> float:
         """Active KV tokens of a typical decode step of this probe: each of the `concurrency`
         requests holds its prompt plus, on average, half its output."""
-        return self.concurrency * (self.isl + self.osl / 2.0)
+        return self.concurrency * (self.tokens + self.osl / 2.0)
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class ProbeSet:
     prefix_isl: int | None = DEFAULT_PREFIX_ISL  # None: no prefix probe
     overlap_osl: int | None = DEFAULT_OVERLAP_OSL  # None: no overlap probes
     overlap_requests: int = DEFAULT_OVERLAP_REQUESTS
+    added: int = 0  # prompt tokens the target adds to the ISL (Probe.added)
 
     def probes(self) -> list[Probe]:
         out: list[Probe] = []
@@ -111,23 +120,24 @@ class ProbeSet:
         for isl in self.context_isl:
             seed += 1
             out.append(Probe("context", isl, self.context_osl, 1, self.context_requests, 1,
-                             seed))
+                             seed, self.added))
         if self.overlap_osl is not None:
             for isl in self.context_isl:
                 seed += 1
                 out.append(Probe("overlap", isl, self.overlap_osl, 2, self.overlap_requests, 2,
-                                 seed))
+                                 seed, self.added))
         for isl in self.batch_isl:
             for c in self.batch_conc:
                 seed += 1
                 if c * isl > MAX_BATCH_PREFILL_TOKENS and c > min(self.batch_conc):
                     continue
                 out.append(Probe("batch", isl, self.batch_osl, c,
-                                 max(self.batch_rounds * c, self.context_requests), c, seed))
+                                 max(self.batch_rounds * c, self.context_requests), c, seed,
+                                 self.added))
         if self.prefix_isl is not None:
             seed += 1
             out.append(Probe("prefix", self.prefix_isl, self.context_osl, 1,
-                             self.context_requests, 1, seed))
+                             self.context_requests, 1, seed, self.added))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -142,7 +142,7 @@ def replay_probes(results: Sequence[ProbeResult], models: Mapping[str, dict[str,
         figures = {}
         for name, e in engines.items():
             try:
-                x = replay_closed_loop(e, p.isl, p.osl, p.concurrency, p.requests, p.warmup,
+                x = replay_closed_loop(e, p.tokens, p.osl, p.concurrency, p.requests, p.warmup,
                                        path)
                 figures[name] = {f: float(getattr(x, f)) for f in SCORED}
             except RuntimeError:  # did not finish: no figure, so no score from this probe

@@ -32,9 +32,11 @@ class TargetEngine:
     args: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     max_model_len: int | None = None
+    added_prompt_tokens: int = 0  # `added_prompt_tokens` below
 
     def to_dict(self) -> dict[str, Any]:
-        return {"args": self.args, "sources": self.sources, "max_model_len": self.max_model_len}
+        return {"args": self.args, "sources": self.sources, "max_model_len": self.max_model_len,
+                "added_prompt_tokens": self.added_prompt_tokens}
 
 
 def _get(url: str) -> str | None:

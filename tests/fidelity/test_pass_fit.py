@@ -23,26 +23,28 @@ def _result(probe: Probe, ttft: float = math.nan, step: float = math.nan,
                        latency_ms_p50=math.nan, ok=8, failed=0, prefill_gap_ms=gap)
 
 
-def _truth_results(noise: dict[str, float] | None = None) -> list[ProbeResult]:
-    """Probe figures a target running TRUTH would give (times 1 + noise[probe name])."""
+def _truth_results(noise: dict[str, float] | None = None, added: int = 0) -> list[ProbeResult]:
+    """Probe figures a target running TRUTH would give (times 1 + noise[probe name]); with
+    `added`, a target that computes that many more prompt tokens than the ISL (a BOS)."""
     noise = noise or {}
     out = []
     for i, isl in enumerate((64, 256, 1024, 4096)):
-        p = Probe("context", isl, 32, 1, 8, 1, i)
-        ttft = PATH_MS + TRUTH.request_latency_ms(isl) + sum(
+        p = Probe("context", isl, 32, 1, 8, 1, i, added)
+        tokens = isl + added
+        ttft = PATH_MS + TRUTH.request_latency_ms(tokens) + sum(
             TRUTH.pass_time_ms(n, prefill_pairs(n, before), 1, 0, 0)
-            for n, before in prefill_chunks(isl, BUDGET))
+            for n, before in prefill_chunks(tokens, BUDGET))
         step = TRUTH.pass_time_ms(0, 0.0, 1, 1, round(p.decode_kv_tokens))
         out.append(_result(p, ttft, step))
-        o = Probe("overlap", isl, 64, 2, 16, 2, 10 + i)
+        o = Probe("overlap", isl, 64, 2, 16, 2, 10 + i, added)
         # the gap seen is the longest: the chunk with the most attention pairs
-        n, before = max(prefill_chunks(isl, BUDGET - 1), key=lambda c: prefill_pairs(*c))
+        n, before = max(prefill_chunks(tokens, BUDGET - 1), key=lambda c: prefill_pairs(*c))
         gap = (TRUTH.pass_time_ms(n, prefill_pairs(n, before), 2, 1, 0)
                - TRUTH.pass_time_ms(0, 0.0, 1, 1, 0))
         out.append(_result(o, gap=gap))
     for i, (c, isl) in enumerate([(c, 64) for c in (1, 8, 32, 64, 128)]
                                  + [(c, 1024) for c in (1, 8, 32)]):
-        p = Probe("batch", isl, 128, c, 2 * c, c, 100 + i)
+        p = Probe("batch", isl, 128, c, 2 * c, c, 100 + i, added)
         out.append(_result(p, step=TRUTH.pass_time_ms(0, 0.0, c, c,
                                                       round(p.decode_kv_tokens))))
     return [r if r.probe.name not in noise else
@@ -73,6 +75,21 @@ def test_fit_recovers_the_passes_of_a_known_engine() -> None:
         pairs = prefill_pairs(prefill, 0)
         assert got.pass_time_ms(prefill, pairs, seqs, decodes, kv) == pytest.approx(
             TRUTH.pass_time_ms(prefill, pairs, seqs, decodes, kv), rel=0.01)
+    assert all(abs(r["residual_pct"]) < 1 for r in fit.residuals())
+
+
+def test_a_target_that_adds_a_bos_is_fitted_on_the_tokens_it_computes() -> None:
+    """vLLM computes an ISL 4096 prompt as 4097 tokens: three passes at a budget of 2048, the
+    third of one token. The probes carry the added token, so the fit counts that pass and
+    recovers the request terms; counted as 4096, the third pass would be read as latency."""
+    fit = fit_linear(_truth_results(added=1), {64: PATH_MS, 4096: PATH_MS}, BUDGET)
+    long = next(e for e in fit.equations if e.figure == TTFT
+                and e.source.startswith("context-isl4096"))
+    assert long.features[0] == 3.0
+    got = LinearPass(**fit.coefficients)
+    for tokens in (65, 1025, 4097):
+        assert got.request_latency_ms(tokens) == pytest.approx(
+            TRUTH.request_latency_ms(tokens), rel=0.05)
     assert all(abs(r["residual_pct"]) < 1 for r in fit.residuals())
 
 
