@@ -127,8 +127,10 @@ def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
     return "\n".join(lines)
 
 
-def _ttft_at(results: Sequence[ProbeResult], isl: int) -> float:
+def _ttft_at(results: Sequence[ProbeResult], tokens: int) -> float:
+    """The TTFT of the context probe whose prompt is `tokens` (a knot's length: the ISL and
+    what the target adds)."""
     for r in results:
-        if r.probe.kind == "context" and r.probe.isl == isl:
+        if r.probe.kind == "context" and r.probe.tokens == tokens:
             return r.ttft_ms_p50
     return math.nan

@@ -45,6 +45,9 @@ def test_fidelity_counts_the_prompt_as_a_target_that_adds_a_bos(tmp_path: Path) 
     fit = json.loads((cal / "fit.json").read_text())
     assert fit["target_engine"]["added_prompt_tokens"] == 1
     assert {p["probe"]["added"] for p in fit["probes"]} == {1}
-    assert "1 more prompt token(s)" in (cal / "fit.md").read_text()
+    fit_md = (cal / "fit.md").read_text()
+    assert "1 more prompt token(s)" in fit_md
+    # the knots are at the tokens computed, 17 and 33, each with its probe's TTFT
+    assert "- 17 tokens: target TTFT " in fit_md and "target TTFT - ms" not in fit_md
     path_topology = json.loads((cal / "lab-path" / "stack" / "config.json").read_text())
     assert path_topology["topology"]["add_special_tokens"] is True
