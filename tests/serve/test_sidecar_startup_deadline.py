@@ -34,3 +34,11 @@ def test_the_deadline_ends_the_wait_with_the_engines_refusal() -> None:
         for _ in range(30):
             message = _wait_out(target, 0.1, 0.02)
             assert "start-up deadline (connection refused since" in message, message
+
+
+def test_a_deadline_passed_before_the_first_attempt_still_gets_the_engines_reason() -> None:
+    """A start that stalls past its deadline (a loaded machine) still tries the engine once, so
+    that the error says why the engine is not there."""
+    with PortHold() as hold:
+        message = _wait_out(f"127.0.0.1:{hold.port}", -1.0, 0.02)
+        assert "start-up deadline (connection refused since" in message, message

@@ -180,10 +180,10 @@ class EngineLink:
         per retry interval rather than a gRPC attempt timeout."""
         wait = StartupWait(self.target)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:  # only before the first attempt: the loop ends below
-                raise StartupError(f"the engine at {self.target} was not tried: the start-up "
-                                   "deadline had passed")
+            # The first attempt is made even when the deadline has passed before it (a stalled
+            # start on a loaded machine): the error then gives the engine's reason. It may
+            # overrun the deadline by one retry interval; later attempts end by the deadline.
+            remaining = max(deadline - time.monotonic(), retry_interval_s)
             attempt_s = min(attempt_timeout_s, remaining)
             reason = await tcp_refusal(self.target, attempt_s)
             if reason is None:
