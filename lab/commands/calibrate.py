@@ -14,6 +14,8 @@ import click
 
 from lab.commands.sweep import make_dir
 from lab.fidelity import probes as P
+from lab.fidelity.placement import Placement, checked_probes, placed
+from lab.fidelity.placement import measure as measure_placement
 from lab.fidelity.target_engine import TargetEngine, added_prompt_tokens, read_target_engine
 from lab.load.client_settings import ClientSettings
 from lab.shared.config_cli import MAX_SECONDS, FiniteFloatRange
@@ -105,6 +107,14 @@ def say_to_stderr(quiet: bool) -> Any:
               "probes (closed loops whose requests share passes) comes closer to the target's "
               "TTFT and latency p50s. Both are fitted and written "
               "(engine-args-linear.json, engine-args-profile.json).")
+@click.option("--request-placement", type=click.Choice(["auto", "delay", "after"]),
+              default="auto", show_default=True,
+              help="Where the fitted per-request latency (the target's path beyond the lab's) "
+              "sits: delay (before the engine's scheduler), after (the first token's way out, "
+              "after its pass), or auto: run the overlap probes on the lab stack with each "
+              "and keep the one whose newcomers join the engine's passes when the target's "
+              "do. A one-stream TTFT cannot tell them apart; under load it decides which "
+              "requests share passes.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(1, 10_000_000), default=None,
               metavar="N",
               help="The target's token budget per pass (vLLM's --max-num-batched-tokens: 2048 "
@@ -235,11 +245,29 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     chosen = kw["timing_model"]
     if chosen == "auto":
         chosen = best_model(replays, TIMING_FITS)
+    try:
+        placement = uvloop.run(place_request_latency(
+            written[chosen], results, run_dir, probe_set, workload, kw, client, progress, say))
+    except LevelFailed as exc:
+        click.echo(f"error: the lab stack failed an overlap probe: {exc}", err=True)
+        return 1
+    except LaunchError as exc:
+        click.echo(f"error: the lab stack (request placement) did not start: {exc.message()}",
+                   err=True)
+        return 1
+    except (KeyboardInterrupt, RuntimeError, OSError) as exc:
+        click.echo(f"error: {exc or 'interrupted'}", err=True)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    if placement.chosen != written[chosen]["timing"].get("request_mode", "delay"):
+        written[chosen] = placed(written[chosen], placement.chosen)
+        (run_dir / f"engine-args-{chosen}.json").write_text(
+            json.dumps(written[chosen], indent=2) + "\n")
     (run_dir / "engine-args.json").write_text(json.dumps(written[chosen], indent=2) + "\n")
     (run_dir / "fit.json").write_text(json.dumps(
         {**fit.to_dict(), "linear": linear.to_dict(), "scheduler": scheduler,
          "target_engine": (target_engine or TargetEngine()).to_dict(),
          "timing": {"asked": kw["timing_model"], "chosen": chosen},
+         "request_placement": {"asked": kw["request_placement"], **placement.to_dict()},
          "replay": [r.to_dict() for r in replays],
          "probes": [r.to_dict() for r in results]}, indent=2, default=str) + "\n")
     plot = None
@@ -249,11 +277,30 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
         plot = fit_plot(fit, results, run_dir / "plots" / "fit.png")
     text = fit_markdown(fit, results, url, plot, linear=linear,
                         assumed=assumed_settings(kw, target_engine or TargetEngine()),
-                        replays=replays, timing=(kw["timing_model"], chosen))
+                        replays=replays, timing=(kw["timing_model"], chosen),
+                        placement=placement)
     (run_dir / "fit.md").write_text(text)
     click.echo(text)
     click.echo(f"engine args ({chosen}): {run_dir / 'engine-args.json'}")
     return 0
+
+
+async def place_request_latency(args: dict[str, Any], results: list[P.ProbeResult],
+                                run_dir: Path, probe_set: P.ProbeSet, workload: Any, kw: dict,
+                                client: Any, progress: Any, say: Any) -> Placement:
+    """Where `args`' request latency sits (lab/fidelity/placement.py): as --request-placement
+    says, or measured on the lab stack."""
+    asked = kw["request_placement"]
+    if asked != "auto":
+        return Placement(chosen=asked, skipped="--request-placement")
+    if kw["lab_path_ms"] is not None:
+        return Placement(skipped="--lab-path-ms: no lab stack is launched")
+    budget = args.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    usable, why = checked_probes(args, results, budget)
+    if not usable:
+        return Placement(chosen=args["timing"].get("request_mode", "delay"), skipped=why)
+    return await measure_placement(args, usable, run_dir / "placement", kw["tokenizer"],
+                                   probe_set.added > 0, workload, client, progress, say)
 
 
 def scheduler_args(kw: dict, target: TargetEngine) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lab.fidelity.fit import Fit, path_at
 from lab.fidelity.pass_fit import FLOOR_ERROR_SHARE, LinearFit
+from lab.fidelity.placement import Placement, placement_markdown
 from lab.fidelity.probes import ProbeResult
 from lab.fidelity.replay import SCORED, ProbeReplay, mean_abs_error_pct
 from lab.report.markdown import fnum, md_table
@@ -63,7 +64,8 @@ def replay_markdown(replays: Sequence[ProbeReplay], asked: str, chosen: str) -> 
 def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
                  plot: Path | None, linear: LinearFit | None = None,
                  assumed: Sequence[str] = (), replays: Sequence[ProbeReplay] = (),
-                 timing: tuple[str, str] | None = None) -> str:
+                 timing: tuple[str, str] | None = None,
+                 placement: Placement | None = None) -> str:
     lines = [f"# Calibration of the lab mocker against {target}", ""]
     if assumed:
         lines += ["## The target's engine settings", ""] + [f"- {a}" for a in assumed] + [""]
@@ -77,6 +79,8 @@ def fit_markdown(fit: Fit, results: Sequence[ProbeResult], target: str,
         lines += linear_markdown(linear)
     if timing is not None:
         lines += replay_markdown(replays, *timing)
+    if placement is not None:
+        lines += placement_markdown(placement)
     lab = ", ".join(f"{k}: {v:.2f}" for k, v in sorted(fit.lab_path_ms.items()))
     lines += ["## Profile knots and residuals", "",
               f"Lab path subtracted from TTFT, ms by prompt length (interpolated between): "

@@ -157,6 +157,7 @@ class ProbeResult:
     failed: int
     cached_tokens_mean: float | None = None
     prefill_gap_ms: float = math.nan  # overlap probes: prefill_gap_ms()
+    admission_wait_ms: float = math.nan  # overlap probes: admission_wait_ms()
     run_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -185,7 +186,7 @@ def decode_step_ms(requests: pd.DataFrame) -> float:
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
     per_request = []
-    for gaps, at_first, held in _stream_gaps(requests):
+    for gaps, at_first, held, _ in _stream_gaps(requests):
         use = (at_first == 0) & (held == 0)
         use[: _lead(gaps)] = False
         if use.any():
@@ -218,9 +219,10 @@ def _lead(gaps: np.ndarray) -> int:
 
 
 def _stream_gaps(requests: pd.DataFrame
-                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Per measured request: (its token gaps in ns, per gap how many other requests' first
-    tokens its pass produced, per gap how many other requests' prefills it held).
+    tokens its pass produced, per gap how many other requests' prefills it held, per held
+    prefill how long after that request was sent its pass began, ns).
 
     Another request B is prefilled in a pass between B's send and its first token. Its first
     token comes from the same pass end as one of this stream's tokens (which of the two the
@@ -257,11 +259,14 @@ def _stream_gaps(requests: pd.DataFrame
         # the earliest token that may end the prefill pass: the first one after B was sent
         start = np.clip(np.searchsorted(t, their_sends, side="right"), 1, end)
         lead = _lead(gaps)
-        held = [s - 1 + int(np.argmax(gaps[s - 1:e])) for s, e in zip(start, end, strict=True)
-                if s > lead]
+        pairs = [(s - 1 + int(np.argmax(gaps[s - 1:e])), b)
+                 for s, e, b in zip(start, end, their_sends, strict=True) if s > lead]
+        held = np.asarray([h for h, _ in pairs], dtype=np.int64)
+        # the held pass began about when this stream's token before it arrived
+        waits = np.asarray([t[h] - b for h, b in pairs], dtype=np.int64)
         at_first = np.bincount(end - 1, minlength=gaps.size)[: gaps.size]
-        hits = np.bincount(np.asarray(held, dtype=np.int64), minlength=gaps.size)[: gaps.size]
-        out.append((gaps, at_first, hits))
+        hits = np.bincount(held, minlength=gaps.size)[: gaps.size]
+        out.append((gaps, at_first, hits, waits))
     return out
 
 
@@ -272,7 +277,7 @@ def prefill_gap_ms(requests: pd.DataFrame) -> float:
     if requests.empty or "chunk_times_ns" not in requests:
         return math.nan
     held, plain = [], []
-    for gaps, at_first, hits in _stream_gaps(requests):
+    for gaps, at_first, hits, _ in _stream_gaps(requests):
         plain_gap = (hits == 0) & (at_first == 0)
         plain_gap[: _lead(gaps)] = False
         held.extend(gaps[hits == 1].tolist())
@@ -280,6 +285,18 @@ def prefill_gap_ms(requests: pd.DataFrame) -> float:
     if not held or not plain:
         return math.nan
     return (float(np.median(held)) - float(np.median(plain))) / 1e6
+
+
+def admission_wait_ms(requests: pd.DataFrame) -> float:
+    """How long after a request was sent the engine began the pass that held its prefill,
+    seen from another stream (ms, the median): the serving path in, and the wait for a pass
+    to start. In a closed loop the request is sent just after a pass ended, so this shows
+    whether it joined the next pass or one after (`lab.fidelity.placement`). NaN when no
+    stream saw another's prefill."""
+    if requests.empty or "chunk_times_ns" not in requests:
+        return math.nan
+    waits = [w for *_, ws in _stream_gaps(requests) for w in ws.tolist()]
+    return float(np.median(waits)) / 1e6 if waits else math.nan
 
 
 def workload_of(probe: Probe, base: WorkloadSpec) -> WorkloadSpec:
@@ -306,6 +323,8 @@ async def run_probe(probe: Probe, url: str, model: str, base: WorkloadSpec, out_
         itl_ms_p50=_num(row.get("itl_ms_p50")),
         decode_step_ms=decode_step_ms(requests),
         prefill_gap_ms=prefill_gap_ms(requests) if probe.kind == "overlap" else math.nan,
+        admission_wait_ms=(admission_wait_ms(requests) if probe.kind == "overlap"
+                           else math.nan),
         latency_ms_p50=_num(row.get("latency_ms_p50")), ok=int(row.get("ok") or 0),
         failed=int(row.get("failed") or 0),
         cached_tokens_mean=(None if row.get("cached_tokens_mean") is None

@@ -65,8 +65,11 @@ def replay_closed_loop(args: EngineArgs, isl: int, osl: int, concurrency: int, r
         key = f"r{issued}"
         # distinct first tokens per request: no two prompts share a prefix block
         base = 1 + issued * (isl + 1)
+        latency = sched.timing.request_ms(isl)
+        after = sched.timing.request_mode == "after"
         sched.add(EngineRequest(key, list(range(base, base + isl)), osl, lambda _p: 0,
-                                ready_at_ms=at + sched.timing.request_ms(isl)))
+                                ready_at_ms=at if after else at + latency,
+                                first_delay_ms=latency if after else 0.0))
         sent[key] = at
         issued += 1
 

@@ -35,7 +35,8 @@ TIMING_TYPES = ("polynomial", "linear", "fixed", "profile")
 LINEAR_PASS_TERMS = ("pass_ms", "token_ms", "seq_ms", "kv_token_ms", "attention_mpair_ms",
                      "prefill_pass_ms")
 #: its per-request coefficients: a latency before the request may be scheduled (no pass), or
-#: with ``request_mode: floor`` a first-token floor (REQUEST_MODES)
+#: with ``request_mode: floor`` a first-token floor, or with ``after`` a first-token delay
+#: (REQUEST_MODES)
 LINEAR_REQUEST_TERMS = ("request_ms", "request_token_ms")
 LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
 #: how a profile's ``request`` rows (the ``linear`` model's request terms) apply
@@ -43,8 +44,11 @@ LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
 #: request(T); ``floor`` = it is scheduled at once, but its first token is not emitted before
 #: arrival + request(T) (tokens produced earlier are held and emitted together), as a serving
 #: path that holds the first response bytes back while the engine works (Dynamo 1.6.1's TTFT
-#: at concurrency 1, docs/fidelity.md)
-REQUEST_MODES = ("delay", "floor")
+#: at concurrency 1, docs/fidelity.md); ``after`` = it is scheduled at once, and its first token
+#: comes out request(T) after the pass that computed it (a serving path whose extra work is on
+#: the way out: the first token's detokenizing and event, which hold no pass and do not keep
+#: the request from its first pass)
+REQUEST_MODES = ("delay", "floor", "after")
 
 
 def _default_timing() -> dict[str, Any]:

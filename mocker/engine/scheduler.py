@@ -82,6 +82,9 @@ class EngineRequest:
     first_position: int = 0  # decode after handoff: 1 (position 0 was replayed)
     kv_transferred: bool = False  # decode after handoff: prompt KV already present
     ready_at_ms: float = 0.0  # not schedulable before this simulated time
+    #: the first token comes out this long after the pass that computed it (a target's path
+    #: on the way out, `request_mode: after`)
+    first_delay_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -152,6 +155,7 @@ class _Req:
     """Scheduler-side state of one request."""
 
     __slots__ = (
+        "after",
         "cached",
         "cap",
         "computed",
@@ -190,6 +194,7 @@ class _Req:
         self.kv_present = req.kv_transferred
         self.ready_at = req.ready_at_ms
         self.floor = 0.0  # first token not emitted before this time (0 = no floor)
+        self.after = req.first_delay_ms  # first token out this long after its pass ends
         self.reserve = reserve  # trtllm to-completion blocks
         self.computed = 0  # tokens whose KV is present
         self.hashes: list[bytes] | None = None  # prompt block hashes (lazy)
@@ -224,7 +229,9 @@ class Scheduler:
         self._pending: list[Signal] = []
         #: requests whose first token is held back: key -> [floor time, held signals]
         self._held: dict[str, tuple[float, list[Signal]]] = {}
-        self._floor_mode = self._timing.request_is_floor
+        self._floor_mode = self._timing.request_mode == "floor"
+        #: first tokens of this pass to hold for `_Req.after` past its end: (key, after)
+        self._after: list[tuple[str, float]] = []
         self._outstanding = 0  # trtllm: sum over running of (reserve - held)
         self._now = float("-inf")
         self._recent: deque[tuple[int, float]] = deque(maxlen=_RECENT_PASSES)
@@ -485,6 +492,11 @@ class Scheduler:
         duration = (self._timing.pass_ms(prefill_tokens, pairs, n_batch, n_decode, decode_kv)
                     if n_batch else 0.0)
         early: list[tuple[float, int]] = []
+        if self._after:
+            end = now_ms + duration
+            for key, after in self._after:
+                self._held[key] = (end + after, self._held[key][1])
+            self._after.clear()
         if self._held:
             signals = self._hold_back(signals, now_ms, now_ms + duration, early)
         self._passes += 1
@@ -633,6 +645,10 @@ class Scheduler:
     ) -> None:
         if r.floor > 0.0:
             self._held[r.key] = (r.floor, [])
+        elif r.after > 0.0:
+            # its release time is known once the pass's duration is (`step`)
+            self._held[r.key] = (float("inf"), [])
+            self._after.append((r.key, r.after))
         r.reported = True
         self._cached_total += r.cached
         emit(Signal(r.key, r.token_at(pos), pos, fin, False, r.cached))

@@ -36,7 +36,9 @@ Models (selected by `EngineArgs.timing["type"]`):
     path beyond the lab's own, as `lab calibrate` measures it (docs/fidelity.md). Not applied
     to a decode leg after a handoff. ``"request_mode"`` says where it sits: ``delay``
     (default) before the request may be scheduled; ``floor`` the request is scheduled at once
-    and its first token is emitted no earlier than that latency after arrival.
+    and its first token is emitted no earlier than that latency after arrival; ``after`` the
+    request is scheduled at once and its first token comes out that latency after the pass
+    that computed it.
 
   Each kind is a 1-D piecewise-linear interpolation over ``tokens`` with linear extrapolation
   past both ends (from the two nearest points; a single point is a constant); at least one row
@@ -57,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import LINEAR_TERMS, EngineArgs
+from .config import LINEAR_TERMS, REQUEST_MODES, EngineArgs
 
 PREFILL_A = 4.209989e-07
 PREFILL_B = 1.518344e-02
@@ -202,7 +204,7 @@ class TimingModel:
         "_prefill_div",
         "_request",
         "_total_kv_tokens",
-        "request_is_floor",
+        "request_mode",
         "scaled_decode_ms",
     )
 
@@ -216,9 +218,9 @@ class TimingModel:
         decode: Callable[[int], float]
         self._request: Interp1D | None = None
         self._linear: LinearPass | None = None
-        #: the request latency (a profile's ``request`` rows, the linear model's request terms)
-        #: is a first-token floor, not a scheduling delay
-        self.request_is_floor = t.get("request_mode") == "floor"
+        #: where the request latency (a profile's ``request`` rows, the linear model's request
+        #: terms) sits: mocker/engine/config.py REQUEST_MODES
+        self.request_mode: str = t.get("request_mode", REQUEST_MODES[0])
         if kind == "linear":
             lin = self._linear = LinearPass.from_timing(t)
             # what `prefill_ms` / `decode_ms` report alone (plots, the fit report): a pass of

@@ -15,6 +15,7 @@ from lab.fidelity.probes import (
     Probe,
     ProbeResult,
     ProbeSet,
+    admission_wait_ms,
     decode_step_ms,
     default_context_isl,
     prefill_gap_ms,
@@ -157,6 +158,8 @@ def test_prefill_pass_is_found_behind_a_held_first_token() -> None:
     })
     assert prefill_gap_ms(frame) == pytest.approx(20.0)
     assert decode_step_ms(frame) == pytest.approx(10.0)
+    # its pass began at 30 ms, 8 ms after it was sent
+    assert admission_wait_ms(frame) == pytest.approx(8.0)
 
 
 def test_a_first_token_burst_is_no_decode_step() -> None:

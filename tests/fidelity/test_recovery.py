@@ -105,7 +105,14 @@ def test_calibrate_recovers_a_power_law_curve(calibrations: dict[str, Calibrated
     # the target is on this machine and the client ran at normal priority (in-process)
     assert "--client-realtime keeps it out" in (out / "fit.md").read_text()
     args = json.loads((out / "engine-args-profile.json").read_text())
-    assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve())}
+    # the target's latency comes after the request's first pass: run on the lab stack each
+    # way, the overlap probes' newcomers joined the next pass as the target's did only with
+    # the latency placed `after` (lab/fidelity/placement.py)
+    assert args["timing"] == {"type": "profile", "path": str((out / "profile.csv").resolve()),
+                              "request_mode": "after"}
+    placement = json.loads((out / "fit.json").read_text())["request_placement"]
+    assert placement["chosen"] == "after", placement
+    assert placement["error_ms"]["after"] < placement["error_ms"]["delay"], placement
     # `--timing auto` chose the profile: this target runs a profile, which the linear pass
     # model prices far off once the batch probes' requests share passes
     assert json.loads((out / "fit.json").read_text())["timing"]["chosen"] == "profile"
@@ -162,6 +169,12 @@ def test_calibrate_recovers_a_known_pass_cost(calibrations: dict[str, Calibrated
     args = json.loads((out / "engine-args.json").read_text())
     timing = args["timing"]
     assert timing["type"] == "linear" and set(timing) == {"type", *LINEAR_TERMS}, timing
+    # its latency is before the scheduler (`delay`, the fit's own reading, kept): run on the
+    # lab stack each way, the overlap probes' newcomers waited for a pass as long as the
+    # target's only with it there
+    placement = json.loads((out / "fit.json").read_text())["request_placement"]
+    assert placement["chosen"] == "delay", placement
+    assert placement["error_ms"]["delay"] < placement["error_ms"]["after"], placement
     # `--timing auto` (the default) chose it: the batch probes replayed on the linear fit come
     # closer to this target, which runs a linear pass model, than on the profile's curves
     doc = json.loads((out / "fit.json").read_text())
@@ -216,7 +229,7 @@ def calibrations(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     calibration blocked on a full pipe would stall its probes."""
     base = tmp_path_factory.mktemp("recovery")
     runs = {"linear": (write_linear_engine(base / "linear"), LINEAR_PROBES),
-            "power_law": (write_true_engine(base / "power-law"), PROBES),
+            "power_law": (write_true_engine(base / "power-law", after=True), PROBES),
             "floor": (write_true_engine(base / "floor", floor=True), FLOOR_PROBES)}
     with ExitStack() as stack:
         targets = {name: stack.enter_context(contextmanager(lab_stack)(base / f"target-{name}",
