@@ -50,6 +50,20 @@ def parse_ints(value: str, option: str) -> tuple[int, ...]:
     return tuple(items)
 
 
+def parse_share(value: str) -> str:
+    """--request-after-share: `auto`, or a number from 0 to 1 (as given)."""
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        share = float(value)
+    except ValueError:
+        share = math.nan
+    if not 0.0 <= share <= 1.0:
+        raise click.BadParameter(f"must be auto or a number from 0 to 1, got {value!r}",
+                                 param_hint="'--request-after-share'")
+    return value.strip()
+
+
 def say_to_stderr(quiet: bool) -> Any:
     """A progress printer: a line on stderr, or nothing with --quiet."""
     return (lambda text: None) if quiet else (lambda text: click.echo(text, err=True))
@@ -107,14 +121,15 @@ def say_to_stderr(quiet: bool) -> Any:
               "probes (closed loops whose requests share passes) comes closer to the target's "
               "TTFT and latency p50s. Both are fitted and written "
               "(engine-args-linear.json, engine-args-profile.json).")
-@click.option("--request-placement", type=click.Choice(["auto", "delay", "after"]),
-              default="auto", show_default=True,
-              help="Where the fitted per-request latency (the target's path beyond the lab's) "
-              "sits: delay (before the engine's scheduler), after (the first token's way out, "
-              "after its pass), or auto: run the overlap probes on the lab stack with each "
-              "and keep the one whose newcomers join the engine's passes when the target's "
-              "do. A one-stream TTFT cannot tell them apart; under load it decides which "
-              "requests share passes.")
+@click.option("--request-after-share", "request_after_share", default="auto",
+              show_default=True, metavar="auto|SHARE",
+              help="How much of the fitted per-request latency (the target's path beyond the "
+              "lab's) comes after the request's first pass (the first token's way out) "
+              "instead of before the engine's scheduler: a share from 0 to 1, or auto: run the "
+              "overlap probes on lab stacks with it all before and all after, and keep the "
+              "share whose newcomers wait for a pass as long as the target's do. A one-stream "
+              "TTFT cannot tell them apart; under load it decides which requests share "
+              "passes.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(1, 10_000_000), default=None,
               metavar="N",
               help="The target's token budget per pass (vLLM's --max-num-batched-tokens: 2048 "
@@ -170,6 +185,7 @@ def calibrate(**kw: Any) -> None:
     if kw["lab_path_ms"] is not None and not (math.isfinite(kw["lab_path_ms"])
                                               and kw["lab_path_ms"] >= 0):
         raise click.BadParameter("must be a finite number >= 0", param_hint="'--lab-path-ms'")
+    kw["request_after_share"] = parse_share(kw["request_after_share"])
     workload = workload_from_options(
         {**kw, "isl": probe_set.context_isl[0], "osl": probe_set.context_osl, "seed": 0},
         target=kw["target"])
@@ -258,8 +274,8 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
     except (KeyboardInterrupt, RuntimeError, OSError) as exc:
         click.echo(f"error: {exc or 'interrupted'}", err=True)
         return 130 if isinstance(exc, KeyboardInterrupt) else 1
-    if placement.chosen != written[chosen]["timing"].get("request_mode", "delay"):
-        written[chosen] = placed(written[chosen], placement.chosen)
+    if placement.share:
+        written[chosen] = placed(written[chosen], placement.share)
         (run_dir / f"engine-args-{chosen}.json").write_text(
             json.dumps(written[chosen], indent=2) + "\n")
     (run_dir / "engine-args.json").write_text(json.dumps(written[chosen], indent=2) + "\n")
@@ -267,7 +283,7 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
         {**fit.to_dict(), "linear": linear.to_dict(), "scheduler": scheduler,
          "target_engine": (target_engine or TargetEngine()).to_dict(),
          "timing": {"asked": kw["timing_model"], "chosen": chosen},
-         "request_placement": {"asked": kw["request_placement"], **placement.to_dict()},
+         "request_placement": {"asked": kw["request_after_share"], **placement.to_dict()},
          "replay": [r.to_dict() for r in replays],
          "probes": [r.to_dict() for r in results]}, indent=2, default=str) + "\n")
     plot = None
@@ -288,17 +304,21 @@ def run_calibration(run_dir: Path, url: str, model: str, probe_set: P.ProbeSet,
 async def place_request_latency(args: dict[str, Any], results: list[P.ProbeResult],
                                 run_dir: Path, probe_set: P.ProbeSet, workload: Any, kw: dict,
                                 client: Any, progress: Any, say: Any) -> Placement:
-    """Where `args`' request latency sits (lab/fidelity/placement.py): as --request-placement
-    says, or measured on the lab stack."""
-    asked = kw["request_placement"]
+    """How much of `args`' request latency comes after the first pass
+    (lab/fidelity/placement.py): as --request-after-share says, or measured on lab stacks."""
+    asked = kw["request_after_share"]
     if asked != "auto":
-        return Placement(chosen=asked, skipped="--request-placement")
+        share = float(asked)
+        if share and args["timing"].get("request_mode", "delay") != "delay":
+            return Placement(skipped=f"--request-after-share {asked}: the fit read a "
+                             f"{args['timing']['request_mode']}, which has no share")
+        return Placement(share=share, skipped=f"--request-after-share {asked}")
     if kw["lab_path_ms"] is not None:
         return Placement(skipped="--lab-path-ms: no lab stack is launched")
     budget = args.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
     usable, why = checked_probes(args, results, budget)
     if not usable:
-        return Placement(chosen=args["timing"].get("request_mode", "delay"), skipped=why)
+        return Placement(skipped=why)
     return await measure_placement(args, usable, run_dir / "placement", kw["tokenizer"],
                                    probe_set.added > 0, workload, client, progress, say)
 

@@ -66,10 +66,9 @@ def replay_closed_loop(args: EngineArgs, isl: int, osl: int, concurrency: int, r
         # distinct first tokens per request: no two prompts share a prefix block
         base = 1 + issued * (isl + 1)
         latency = sched.timing.request_ms(isl)
-        after = sched.timing.request_mode == "after"
+        after = latency * sched.timing.request_after_share
         sched.add(EngineRequest(key, list(range(base, base + isl)), osl, lambda _p: 0,
-                                ready_at_ms=at if after else at + latency,
-                                first_delay_ms=latency if after else 0.0))
+                                ready_at_ms=at + latency - after, first_delay_ms=after))
         sent[key] = at
         issued += 1
 

@@ -34,9 +34,9 @@ TIMING_TYPES = ("polynomial", "linear", "fixed", "profile")
 #: the order of `mocker.engine.timing.pass_features`
 LINEAR_PASS_TERMS = ("pass_ms", "token_ms", "seq_ms", "kv_token_ms", "attention_mpair_ms",
                      "prefill_pass_ms")
-#: its per-request coefficients: a latency before the request may be scheduled (no pass), or
-#: with ``request_mode: floor`` a first-token floor, or with ``after`` a first-token delay
-#: (REQUEST_MODES)
+#: its per-request coefficients: a latency before the request may be scheduled (no pass; with
+#: REQUEST_AFTER_SHARE, part of it after the first pass instead), or with ``request_mode:
+#: floor`` a first-token floor (REQUEST_MODES)
 LINEAR_REQUEST_TERMS = ("request_ms", "request_token_ms")
 LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
 #: how a profile's ``request`` rows (the ``linear`` model's request terms) apply
@@ -44,11 +44,13 @@ LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
 #: request(T); ``floor`` = it is scheduled at once, but its first token is not emitted before
 #: arrival + request(T) (tokens produced earlier are held and emitted together), as a serving
 #: path that holds the first response bytes back while the engine works (Dynamo 1.6.1's TTFT
-#: at concurrency 1, docs/fidelity.md); ``after`` = it is scheduled at once, and its first token
-#: comes out request(T) after the pass that computed it (a serving path whose extra work is on
-#: the way out: the first token's detokenizing and event, which hold no pass and do not keep
-#: the request from its first pass)
-REQUEST_MODES = ("delay", "floor", "after")
+#: at concurrency 1, docs/fidelity.md)
+REQUEST_MODES = ("delay", "floor")
+#: under ``delay``, the share of request(T) that comes after the request's first pass instead
+#: of before its scheduling: the first token comes out that much after the pass that computed
+#: it (a serving path whose extra work is partly on the way out, which keeps no request from
+#: its first pass; docs/fidelity.md "Where the request latency sits"). 0 (default) to 1.
+REQUEST_AFTER_SHARE = "request_after_share"
 
 
 def _default_timing() -> dict[str, Any]:
@@ -178,8 +180,8 @@ def _validate_timing(t: Any) -> None:
     if kind not in TIMING_TYPES:
         raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
     allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
-               "linear": {"type", "request_mode", *LINEAR_TERMS},
-               "profile": {"type", "path", "request_mode"}}[kind]
+               "linear": {"type", "request_mode", REQUEST_AFTER_SHARE, *LINEAR_TERMS},
+               "profile": {"type", "path", "request_mode", REQUEST_AFTER_SHARE}}[kind]
     for key in t:
         if key not in allowed:
             raise ValueError(f"unknown key timing.{key} for timing type {kind!r}")
@@ -201,3 +203,10 @@ def _validate_timing(t: Any) -> None:
     if mode not in REQUEST_MODES:
         raise ValueError(
             f"timing.request_mode must be one of {', '.join(REQUEST_MODES)}, got {mode!r}")
+    share = t.get(REQUEST_AFTER_SHARE, 0.0)
+    if not _is_num(share) or not 0.0 <= share <= 1.0:
+        raise ValueError(f"timing.{REQUEST_AFTER_SHARE} must be a number from 0 to 1, got "
+                         f"{share!r}")
+    if share and mode != "delay":
+        raise ValueError(f"timing.{REQUEST_AFTER_SHARE} applies to request_mode delay, not "
+                         f"{mode!r}")

@@ -83,7 +83,7 @@ class EngineRequest:
     kv_transferred: bool = False  # decode after handoff: prompt KV already present
     ready_at_ms: float = 0.0  # not schedulable before this simulated time
     #: the first token comes out this long after the pass that computed it (a target's path
-    #: on the way out, `request_mode: after`)
+    #: on the way out: `request_after_share`)
     first_delay_ms: float = 0.0
 
 

@@ -35,10 +35,10 @@ Models (selected by `EngineArgs.timing["type"]`):
     which holds no engine time (no other request waits for it): a target's HTTP and routing
     path beyond the lab's own, as `lab calibrate` measures it (docs/fidelity.md). Not applied
     to a decode leg after a handoff. ``"request_mode"`` says where it sits: ``delay``
-    (default) before the request may be scheduled; ``floor`` the request is scheduled at once
-    and its first token is emitted no earlier than that latency after arrival; ``after`` the
-    request is scheduled at once and its first token comes out that latency after the pass
-    that computed it.
+    (default) before the request may be scheduled, but for ``"request_after_share"`` of it
+    (0 to 1, default 0), by which its first token comes out after the pass that computed it;
+    ``floor`` the request is scheduled at once and its first token is emitted no earlier than
+    that latency after arrival.
 
   Each kind is a 1-D piecewise-linear interpolation over ``tokens`` with linear extrapolation
   past both ends (from the two nearest points; a single point is a constant); at least one row
@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import LINEAR_TERMS, REQUEST_MODES, EngineArgs
+from .config import LINEAR_TERMS, REQUEST_AFTER_SHARE, REQUEST_MODES, EngineArgs
 
 PREFILL_A = 4.209989e-07
 PREFILL_B = 1.518344e-02
@@ -204,6 +204,7 @@ class TimingModel:
         "_prefill_div",
         "_request",
         "_total_kv_tokens",
+        "request_after_share",
         "request_mode",
         "scaled_decode_ms",
     )
@@ -219,8 +220,10 @@ class TimingModel:
         self._request: Interp1D | None = None
         self._linear: LinearPass | None = None
         #: where the request latency (a profile's ``request`` rows, the linear model's request
-        #: terms) sits: mocker/engine/config.py REQUEST_MODES
+        #: terms) sits: mocker/engine/config.py REQUEST_MODES, and under ``delay`` the share of
+        #: it after the first pass (REQUEST_AFTER_SHARE)
         self.request_mode: str = t.get("request_mode", REQUEST_MODES[0])
+        self.request_after_share = float(t.get(REQUEST_AFTER_SHARE, 0.0))
         if kind == "linear":
             lin = self._linear = LinearPass.from_timing(t)
             # what `prefill_ms` / `decode_ms` report alone (plots, the fit report): a pass of

@@ -192,11 +192,11 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             resume = {"first_position": 1, "kv_transferred": True,
                       "ready_at_ms": engine.now_ms() + kv_ms}
         elif (delay_ms := engine.scheduler.timing.request_ms(len(prep.prompt))) > 0.0:
-            # the timing's per-request latency (mocker/engine/timing.py): holds no pass
-            if engine.scheduler.timing.request_mode == "after":
-                resume = {"first_delay_ms": delay_ms}
-            else:
-                resume = {"ready_at_ms": engine.now_ms() + delay_ms}
+            # the timing's per-request latency (mocker/engine/timing.py): holds no pass; its
+            # after-share holds the first token back instead of the request
+            after_ms = delay_ms * engine.scheduler.timing.request_after_share
+            resume = {"ready_at_ms": engine.now_ms() + delay_ms - after_ms,
+                      "first_delay_ms": after_ms}
         live = st.register(rid, prep.handoff is not None)
         if prep.handoff is None or prep.max_tokens > 1:
             engine.submit(

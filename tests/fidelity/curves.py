@@ -29,7 +29,7 @@ def _grid(top: float, ratio: float = 1.07) -> list[float]:
 
 
 #: the target's own path beyond the lab's: a per-request latency holding no engine pass (before
-#: the scheduler, or with `write_true_engine(after=True)` on the first token's way out)
+#: the scheduler, or with `write_true_engine(after=True)` after the first pass)
 TRUE_REQUEST_MS = 30.0
 #: the floor target's first-token floor (`request_mode: floor`): above the prefill + first
 #: decode step of 64 and 128 tokens (38 and 58 ms), below those of 512 and 1024
@@ -39,7 +39,7 @@ TRUE_FLOOR_MS = 120.0
 def write_true_engine(dir_: Path, floor: bool = False, after: bool = False) -> Path:
     """profile.csv sampled from the true curves (plus the request latency, or with `floor`
     the first-token floor), and engine-args.json that uses it; with `after` the latency comes
-    after the request's first pass (`request_mode: after`)."""
+    after the request's first pass (`request_after_share: 1`)."""
     dir_.mkdir(parents=True, exist_ok=True)
     rows = ["kind,tokens,ms"]
     rows += [f"prefill,{t},{true_prefill_ms(t):.6f}" for t in _grid(20_000)]
@@ -48,8 +48,10 @@ def write_true_engine(dir_: Path, floor: bool = False, after: bool = False) -> P
     csv = dir_ / "true-profile.csv"
     csv.write_text("\n".join(rows) + "\n")
     timing = {"type": "profile", "path": str(csv)}
-    if floor or after:
-        timing["request_mode"] = "floor" if floor else "after"
+    if floor:
+        timing["request_mode"] = "floor"
+    if after:
+        timing["request_after_share"] = 1.0
     args = dir_ / "true-engine-args.json"
     args.write_text(json.dumps({"timing": timing}))
     return args

@@ -27,7 +27,7 @@ def test_fidelity_counts_the_prompt_as_a_target_that_adds_a_bos(tmp_path: Path) 
                          "text", "--context-isl", "16,32", "--context-requests", "2",
                          "--overlap-requests", "2", "--batch-conc", "1", "--batch-isl", "16",
                          "--batch-osl", "8", "--batch-rounds", "2", "--in-process-client",
-                         "--request-placement", "delay",
+                         "--request-after-share", "0",
                          "--no-plots", "--quiet", "--out", str(cal))
         assert calibrated.returncode == 0, calibrated.stdout + calibrated.stderr
         proc = lab("fidelity", "--target", url, "--tokenizer", str(tok), "--prompt-kind", "text",

@@ -23,6 +23,8 @@ UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens there
     "--target http://127.0.0.1:9 --lab-path-ms nan",
     "--target http://127.0.0.1:9 --lab-path-ms -1",
     "--target http://127.0.0.1:9 --engine-type sglang",
+    "--target http://127.0.0.1:9 --request-after-share 1.5",
+    "--target http://127.0.0.1:9 --request-after-share half",
     ("--target http://127.0.0.1:9 --quiet", "--target"),
 )
 def test_calibrate_usage_errors(args: list[str], named: str, tmp_path: Path) -> None:

@@ -64,6 +64,10 @@ def test_unknown_key_is_rejected_by_name() -> None:
         ({"timing": {"type": "fixed", "prefill_ms": 1}}, "timing.decode_ms"),
         ({"timing": {"type": "polynomial", "x": 1}}, "timing.x"),
         ({"timing": {"type": "profile"}}, "timing.path"),
+        ({"timing": {"type": "linear", "request_after_share": 1.5}},
+         "timing.request_after_share"),
+        ({"timing": {"type": "linear", "request_mode": "floor", "request_after_share": 0.5}},
+         "timing.request_after_share"),
     ],
 )
 def test_bad_values_name_the_field(obj: dict, field: str) -> None:

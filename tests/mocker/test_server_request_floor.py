@@ -2,8 +2,9 @@
 (`mocker serve`, speedup 1): as a `delay`
 the request waits before the engine takes it, and its tokens then come one per pass; as a
 `floor` (docs/mocker.md "Timing") the engine runs it at once and holds its first token until
-the latency has passed, so the tokens of the passes before it arrive together; `after`, the
-same, until the latency has passed since its first pass ended."""
+the latency has passed, so the tokens of the passes before it arrive together; as a `delay`
+whose `request_after_share` is 1, the same, until the latency has passed since its first pass
+ended."""
 
 from __future__ import annotations
 
@@ -111,16 +112,17 @@ def test_a_delayed_request_starts_its_pass_when_it_becomes_ready(tmp_path: Path)
     assert b - a > pass_ms / 2 / 1000, firsts
 
 
-def test_an_after_latency_runs_the_request_at_once_and_holds_its_first_token(
+def test_a_latency_after_the_first_pass_runs_the_request_at_once_and_holds_its_first_token(
         tmp_path: Path) -> None:
-    """Passes of 100 ms, a 250 ms latency placed `after`: the engine runs the request at once
-    (passes ending at 100, 200, 300 ms), and its first token comes out 250 ms after its pass,
-    at 350 ms, with the two made meanwhile. As a `delay` the first token would come out at the
-    same time, with the next ones a pass apart; as a `floor`, at 250 ms."""
+    """Passes of 100 ms, a 250 ms latency all after the first pass (`request_after_share` 1):
+    the engine runs the request at once (passes ending at 100, 200, 300 ms), and its first
+    token comes out 250 ms after its pass, at 350 ms, with the two made meanwhile. All before
+    the scheduler, the first token would come out at the same time, with the next ones a pass
+    apart; as a `floor`, at 250 ms."""
     latency_ms, pass_ms = 250.0, 100.0
     args = {"engine_type": "vllm", "timing": {"type": "linear", "pass_ms": pass_ms,
                                               "request_ms": latency_ms,
-                                              "request_mode": "after"}}
+                                              "request_after_share": 1.0}}
     with engine_process(tmp_path, "engine-after", "--speedup-ratio", "1",
                         "--engine-args", json.dumps(args)) as e:
         t0 = time.monotonic()

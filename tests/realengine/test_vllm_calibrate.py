@@ -35,7 +35,7 @@ PROBES = ("--context-isl", "64,256,1024", "--context-osl", "16", "--context-requ
           "--timing", "linear",
           # where the request latency sits is measured on two more lab stacks; this test holds
           # the pass fit (tests/fidelity/test_recovery.py holds the placement on known targets)
-          "--request-placement", "delay")
+          "--request-after-share", "0")
 MEDIAN_TOLERANCE_PCT = 10.0
 TOLERANCE_PCT = 50.0
 
