@@ -168,7 +168,11 @@ def calibrate(**kw: Any) -> None:
     engine args; what it does not (the pass token budget, the sequence limit) comes from
     --max-num-batched-tokens and --max-num-seqs, and fit.md says which were assumed.
 
-    Writes RUN/: probes/<probe>/ (a sweep run directory each), lab-path/, engine-args.json
+    Where the per-request latency sits (before the scheduler, or after the request's first
+    pass) is measured by running the overlap probes again on lab stacks (placement/).
+
+    Writes RUN/: probes/<probe>/ (a sweep run directory each), lab-path/, placement/,
+    engine-args.json
     (use it with `lab sweep --engine-args`, `lab up` or `lab fidelity`), engine-args-linear.json,
     engine-args-profile.json with profile.csv, fit.json, fit.md and plots/fit.png.
     """
