@@ -47,7 +47,7 @@ def write_true_engine(dir_: Path, floor: bool = False, after: bool = False) -> P
     rows += [f"request,1,{TRUE_FLOOR_MS if floor else TRUE_REQUEST_MS}"]
     csv = dir_ / "true-profile.csv"
     csv.write_text("\n".join(rows) + "\n")
-    timing = {"type": "profile", "path": str(csv)}
+    timing: dict[str, str | float] = {"type": "profile", "path": str(csv)}
     if floor:
         timing["request_mode"] = "floor"
     if after:
