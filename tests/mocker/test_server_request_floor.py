@@ -58,6 +58,17 @@ def test_request_latency_delays_the_request_or_holds_its_first_token(tmp_path: P
         assert spread < (TOKENS - 1) * DECODE_MS / 1000 / 2
 
 
+def _message_stamps(tmp_path: Path, name: str, args: dict, max_tokens: int) -> list[float]:
+    """Seconds from sending one request to each of its messages, on a `mocker serve` (speedup
+    1) with engine args `args`."""
+    with engine_process(tmp_path, name, "--speedup-ratio", "1",
+                        "--engine-args", json.dumps(args)) as e:
+        t0 = time.monotonic()
+        return [time.monotonic() - t0
+                for _msg in e.inference.Generate(request(f"r-{name}", max_tokens=max_tokens),
+                                                 timeout=60)]
+
+
 def test_a_held_first_token_comes_out_at_the_floor_inside_a_pass(tmp_path: Path) -> None:
     """Passes of 100 ms end at 1, 101, 201, 301 ms; the floor is 150 ms. The tokens of the
     first two passes come out at the floor (inside the pass ending at 201), not at 201: the
@@ -67,12 +78,7 @@ def test_a_held_first_token_comes_out_at_the_floor_inside_a_pass(tmp_path: Path)
     csv.write_text(f"kind,tokens,ms\nprefill,1,1\ndecode,1,{step_ms}\nrequest,1,{floor_ms}\n")
     args = {"engine_type": "vllm",
             "timing": {"type": "profile", "path": str(csv), "request_mode": "floor"}}
-    with engine_process(tmp_path, "engine-mid-pass", "--speedup-ratio", "1",
-                        "--engine-args", json.dumps(args)) as e:
-        t0 = time.monotonic()
-        stamps: list[float] = []
-        for _msg in e.inference.Generate(request("r-mid", max_tokens=4), timeout=60):
-            stamps.append(time.monotonic() - t0)
+    stamps = _message_stamps(tmp_path, "engine-mid-pass", args, max_tokens=4)
     ttft, third = stamps[0], stamps[2]
     assert floor_ms / 1000 <= ttft < (floor_ms + step_ms / 2) / 1000, stamps
     assert third - ttft > step_ms / 4 / 1000, stamps  # the third token is the 201 ms pass's
@@ -123,12 +129,7 @@ def test_a_latency_after_the_first_pass_runs_the_request_at_once_and_holds_its_f
     args = {"engine_type": "vllm", "timing": {"type": "linear", "pass_ms": pass_ms,
                                               "request_ms": latency_ms,
                                               "request_after_share": 1.0}}
-    with engine_process(tmp_path, "engine-after", "--speedup-ratio", "1",
-                        "--engine-args", json.dumps(args)) as e:
-        t0 = time.monotonic()
-        stamps: list[float] = []
-        for _msg in e.inference.Generate(request("r-after", max_tokens=5), timeout=60):
-            stamps.append(time.monotonic() - t0)
+    stamps = _message_stamps(tmp_path, "engine-after", args, max_tokens=5)
     ttft, third, fourth = stamps[0], stamps[2], stamps[3]
     assert (latency_ms + pass_ms) / 1000 <= ttft < (latency_ms + 1.5 * pass_ms) / 1000, stamps
     assert third - ttft < pass_ms / 4 / 1000, stamps  # made before the release: out with it
