@@ -65,10 +65,9 @@ def replay_closed_loop(args: EngineArgs, isl: int, osl: int, concurrency: int, r
         key = f"r{issued}"
         # distinct first tokens per request: no two prompts share a prefix block
         base = 1 + issued * (isl + 1)
-        latency = sched.timing.request_ms(isl)
-        after = latency * sched.timing.request_after_share
+        before, after = sched.timing.request_parts_ms(isl)
         sched.add(EngineRequest(key, list(range(base, base + isl)), osl, lambda _p: 0,
-                                ready_at_ms=at + latency - after, first_delay_ms=after))
+                                ready_at_ms=at + before, first_delay_ms=after))
         sent[key] = at
         issued += 1
 

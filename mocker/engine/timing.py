@@ -324,6 +324,13 @@ class TimingModel:
             return 0.0
         return max(self._request(prompt_tokens), 0.0) / self._prefill_div
 
+    def request_parts_ms(self, prompt_tokens: int) -> tuple[float, float]:
+        """`request_ms` split as the request's wait before it may be scheduled and its first
+        token's wait after the pass that computed it (`request_after_share`)."""
+        total = self.request_ms(prompt_tokens)
+        after = total * self.request_after_share
+        return total - after, after
+
     def unscaled_prefill_ms(self, new_tokens: int) -> float:
         return self._prefill(new_tokens) if new_tokens > 0 else 0.0
 

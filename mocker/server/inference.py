@@ -191,12 +191,10 @@ class Inference(openengine_pb2_grpc.InferenceServicer):
             kv_wait_s = kv_ms / 1000.0
             resume = {"first_position": 1, "kv_transferred": True,
                       "ready_at_ms": engine.now_ms() + kv_ms}
-        elif (delay_ms := engine.scheduler.timing.request_ms(len(prep.prompt))) > 0.0:
+        elif any(parts := engine.scheduler.timing.request_parts_ms(len(prep.prompt))):
             # the timing's per-request latency (mocker/engine/timing.py): holds no pass; its
             # after-share holds the first token back instead of the request
-            after_ms = delay_ms * engine.scheduler.timing.request_after_share
-            resume = {"ready_at_ms": engine.now_ms() + delay_ms - after_ms,
-                      "first_delay_ms": after_ms}
+            resume = {"ready_at_ms": engine.now_ms() + parts[0], "first_delay_ms": parts[1]}
         live = st.register(rid, prep.handoff is not None)
         if prep.handoff is None or prep.max_tokens > 1:
             engine.submit(
