@@ -21,7 +21,7 @@ CLIENT_LAG_SHARE_OF_TTFT = 0.10
 CLIENT_LAG_FLOOR_MS = 1.0
 #: ... or when its p99 exceeds the level's ITL p50: the loop then read tokens in bursts, so the
 #: token gaps it stamped are not the server's. The TTFT share alone misses a stall that inflated
-#: the TTFT it is compared with (docs/references.md "What the gaps left are").
+#: the TTFT it is compared with (docs/fidelity.md "The client's scheduling").
 
 
 def _isnum(v: Any) -> bool:

@@ -21,7 +21,7 @@ DEFAULT_BLOCK_SIZE = {"trtllm": 32, "vllm": 64}
 #: 1.6.1's mocker charges none under either policy (its offline replay: TTFT at c=1 = prefill
 #: alone), its TensorRT-LLM mocker server runs that `trtllm` policy, and TensorRT-LLM samples
 #: the first token from the context pass itself (a context-only request returns it);
-#: docs/fidelity.md "The first token under trtllm".
+#: docs/mocker.md "The first token under trtllm".
 DEFAULT_FIRST_TOKEN_DECODE = {"trtllm": False, "vllm": False}
 DEFAULT_NUM_GPU_BLOCKS = 16384
 DEFAULT_MAX_NUM_SEQS = 256

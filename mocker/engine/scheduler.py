@@ -32,7 +32,7 @@ engines sample it from the context phase). What it costs is ``first_token_decode
 (EngineArgs): off, it is sampled from the prefill itself (the request is not part of the
 pass's decode set: no decode time is charged for it); on, the request joins that pass's decode
 set (its sequence counts in p and the pass is charged a decode step). Off by default under
-both policies, as real engines and Dynamo's mocker do (docs/fidelity.md "The first token under
+both policies, as real engines and Dynamo's mocker do (docs/mocker.md "The first token under
 trtllm"). Exception, as the reference's prefill workers do: a request whose
 whole output is one token (``max_output_tokens == 1``, the prefill role) emits it with zero
 decode time either way.

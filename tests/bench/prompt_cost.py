@@ -5,7 +5,7 @@ Launches a lab stack (the HuggingFace tokenizer given, an engine of fixed timing
 (frontend, sidecar, engine) the CPU time per request (all threads, from
 /proc/PID/task/*/schedstat, so the figure holds on a loaded machine better than wall clock)
 and its slope per prompt token between the smallest and the largest ISL, plus the client's
-TTFT p50. Why: docs/fidelity.md "The lab path's per-prompt-token cost"; the figures:
+TTFT p50. Why: docs/token-path.md "The lab path's per-prompt-token cost"; the figures:
 docs/measurements.md "The lab path's per-prompt-token cost".
 
 With `--burst N` it sends instead 4 waves of N prompts of the first ISL at once (OSL 128),

@@ -2,7 +2,7 @@
 `vllm` and `trtllm` policies (the lab's `trtllm` with `first_token_decode` off, as Dynamo's),
 both on a simulated clock (Dynamo's offline replay runs the Rust scheduler that `python -m
 dynamo.mocker` runs live): the same TTFT and per-request inter-token time, within
-0.5%, at c=1/32/128 for ISL 136/OSL 128 and ISL 1024/OSL 64 (docs/fidelity.md
+0.5%, at c=1/32/128 for ISL 136/OSL 128 and ISL 1024/OSL 64 (docs/mocker.md
 "Engine against engine"). So what `lab fidelity` finds between the live stacks is not the
 engine model: it is the serving paths and the calibration.
 """

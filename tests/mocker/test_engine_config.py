@@ -105,7 +105,7 @@ def test_args_are_frozen() -> None:
 
 
 def test_first_token_decode_defaults_per_engine_type_and_must_be_a_bool() -> None:
-    # off for trtllm too (docs/fidelity.md "The first token under trtllm"); it was on
+    # off for trtllm too (docs/mocker.md "The first token under trtllm"); it was on
     assert EngineArgs.from_json({"engine_type": "trtllm"}).first_token_decode is False
     assert EngineArgs.from_json({"engine_type": "vllm"}).first_token_decode is False
     assert EngineArgs.from_json({"first_token_decode": False}).first_token_decode is False

@@ -28,7 +28,7 @@ def test_a_loop_lag_large_beside_the_ttft_is_flagged_with_both_figures() -> None
 
 
 def test_a_loop_lag_above_the_token_gap_is_flagged_even_beside_a_long_ttft() -> None:
-    # vLLM on 2 cores (docs/references.md "What the gaps left are"): a 3.6 s stall inflated the
+    # vLLM on 2 cores (docs/fidelity.md "The client's scheduling"): a 3.6 s stall inflated the
     # TTFT it hid behind (128 ms of lag p99 against a TTFT p50 of 2.7 s), and its lag p99 was
     # far above the level's ITL p50 of 5.6 ms
     text = client_sentence(_levels(127.6, 2676.0, cpu_pct=1.0, itl_ms=5.6))

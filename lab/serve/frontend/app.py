@@ -122,7 +122,7 @@ def _is_json_type(media_type: str) -> bool:
 #: the tokenizer releases the GIL (`Tokenizer.releases_gil`): the event loop keeps writing the
 #: other streams' tokens meanwhile, and a second core can tokenize. Below it the thread hop
 #: (~0.1 ms) costs more than the encode (a 2 KB text is ~450 tokens, ~0.6 ms with the HF
-#: tokenizer; docs/fidelity.md "The lab path's per-prompt-token cost").
+#: tokenizer; docs/token-path.md "The lab path's per-prompt-token cost").
 OFFLOAD_BODY_BYTES = 2048
 #: Threads of that pool: the encodes run in Rust without the GIL, so more than the cores the
 #: frontend may use would only queue.
