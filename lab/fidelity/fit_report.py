@@ -31,12 +31,28 @@ def linear_markdown(fit: LinearFit) -> list[str]:
     errors = ", ".join(f"{mode} {err:.4f}" for mode, err in fit.mode_evidence.items())
     return ["## Linear pass model", "",
             f"Coefficients (ms; a pass's budget of {fit.max_num_batched_tokens} tokens): {coef}. "
-            f"Largest residual {worst:.1f}%.", "",
+            f"Largest residual {worst:.1f}%.", "", *_bound_rows_markdown(fit),
             f"The request terms are read as {reading}: `request_mode` {fit.request_mode} "
             f"(summed squared relative error: {errors or 'delay only'}; a floor is kept below "
             f"{FLOOR_ERROR_SHARE:g} of the delay's).", "",
             md_table(["probe", "figure", "measured ms", "model ms", "residual", "what"], rows),
             ""]
+
+
+def _bound_rows_markdown(fit: LinearFit) -> list[str]:
+    """Which `weight_bound_rows` the fit kept, and the error at the bounds it tried."""
+    ev = fit.bound_rows_evidence
+    if not ev:
+        return []
+    shown = sorted(ev, key=ev.__getitem__)[:3]
+    others = ", ".join(f"{k:g}: {ev[k]:.4f}" for k in shown if k != fit.bound_rows)
+    kept = (f"`weight_bound_rows` {fit.bound_rows:g}: a pass is charged at least "
+            f"{fit.bound_rows:g} tokens and {fit.bound_rows:g} sequences (a small batch is "
+            "bound by reading the weights)" if fit.bound_rows else
+            "`weight_bound_rows` 0: no bound (each token and sequence adds to the pass)")
+    return [f"{kept}, the smallest summed squared relative error of the {len(ev)} bounds "
+            f"tried: {ev[fit.bound_rows]:.4f}, against 0 (no bound): {ev.get(0.0, math.nan):.4f}"
+            + (f"; the next best {others}" if others else "") + ".", ""]
 
 
 def replay_markdown(replays: Sequence[ProbeReplay], asked: str, chosen: str) -> list[str]:

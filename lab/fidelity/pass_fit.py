@@ -13,6 +13,11 @@ one linear equation in the model's coefficients (`LINEAR_TERMS`):
   prefill, minus a plain pass) is what the largest prefill chunk adds to a pass: its tokens,
   one sequence, and its query-key pairs.
 
+The model's one shape parameter, ``weight_bound_rows`` (a pass is charged at least that many
+tokens and sequences: a small batch's matmuls are bound by reading the weights), is not
+linear in the equations: `fit_linear` fits the coefficients at each of `bound_rows_candidates`
+and keeps the one with the smallest error (0, no bound, among them).
+
 The coefficients are non-negative least squares over the relative errors (each equation
 divided by its measured figure, so a 5 ms decode step weighs as much as a 1 s prefill), with a
 soft-L1 loss past `ROBUST_SCALE`: one probe slowed by a neighbour's CPU burst on a shared
@@ -41,8 +46,13 @@ from scipy.optimize import least_squares, nnls
 
 from lab.fidelity.fit import Fit, path_at
 from lab.fidelity.probes import ProbeResult
-from mocker.engine.config import LINEAR_PASS_TERMS, LINEAR_TERMS, REQUEST_MODES
-from mocker.engine.timing import pass_features, prefill_pairs
+from mocker.engine.config import (
+    LINEAR_PASS_TERMS,
+    LINEAR_TERMS,
+    REQUEST_MODES,
+    WEIGHT_BOUND_ROWS,
+)
+from mocker.engine.timing import LinearPass, pass_features, prefill_pairs
 
 #: relative error past which an equation's weight falls off (soft-L1 loss)
 ROBUST_SCALE = 0.1
@@ -51,6 +61,9 @@ ROBUST_SCALE = 0.1
 FLOOR_ERROR_SHARE = 0.5
 #: how many of an equation's features are the pass terms (the rest are the request terms)
 _PASS_TERMS = len(LINEAR_PASS_TERMS)
+#: `bound_rows_candidates` tries every whole number of rows up to this one, then steps of a
+#: quarter (each candidate is a fit; the 2-core machine's fit of 21 probes takes ~50 ms each)
+BOUND_ROWS_STEP_PAST = 16
 #: what a decode figure, a time to first token and a prefill gap are called in the report
 DECODE, TTFT, PREFILL_GAP = "decode step", "TTFT - lab path", "prefill gap"
 
@@ -77,6 +90,11 @@ class LinearFit:
     request_mode: str = REQUEST_MODES[0]  # delay, or floor: the TTFT is max(request, passes)
     #: each reading's summed squared relative error (`squared_error`), by request mode
     mode_evidence: dict[str, float] = field(default_factory=dict)
+    #: the rows a pass is charged at least (WEIGHT_BOUND_ROWS); the equations' features
+    #: were built with it
+    bound_rows: float = 0.0
+    #: the chosen reading's `squared_error` at each `bound_rows` tried
+    bound_rows_evidence: dict[float, float] = field(default_factory=dict)
 
     def predicted_ms(self, eq: Equation) -> float:
         terms = [f * self.coefficients[name]
@@ -100,14 +118,22 @@ class LinearFit:
                         "note": eq.note})
         return out
 
+    @property
+    def pass_model(self) -> LinearPass:
+        """The fitted model, as `mocker serve` runs it."""
+        return LinearPass(**self.coefficients, weight_bound_rows=self.bound_rows)
+
     def timing(self) -> dict[str, Any]:
         """The engine args' ``timing`` object of this fit."""
         floor = {"request_mode": "floor"} if self.request_mode == "floor" else {}
+        bound = {WEIGHT_BOUND_ROWS: self.bound_rows} if self.bound_rows else {}
         return {"type": "linear", **{k: float(f"{v:.6g}") for k, v in self.coefficients.items()},
-                **floor}
+                **bound, **floor}
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": "linear", "coefficients": self.coefficients,
+                WEIGHT_BOUND_ROWS: self.bound_rows,
+                "bound_rows_evidence": {str(k): v for k, v in self.bound_rows_evidence.items()},
                 "request_mode": self.request_mode, "mode_evidence": self.mode_evidence,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "residuals": self.residuals(), "warnings": self.warnings}
@@ -128,9 +154,10 @@ def _request_features(prompt_tokens: int) -> tuple[float, float]:
 
 
 def equations(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
-              budget: int) -> tuple[list[Equation], list[str]]:
-    """The equations the probe results give (see the module docstring), and warnings for
-    figures that could not be used."""
+              budget: int, bound_rows: float = 0.0) -> tuple[list[Equation], list[str]]:
+    """The equations the probe results give (see the module docstring) for a model whose
+    passes are charged at least `bound_rows` rows, and warnings for figures that could not be
+    used."""
     eqs: list[Equation] = []
     warnings: list[str] = []
     no_request = (0.0, 0.0)
@@ -143,7 +170,7 @@ def equations(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
         elif math.isfinite(r.decode_step_ms) and r.decode_step_ms > 0:
             kv = round(p.decode_kv_tokens)
             eqs.append(Equation(p.name, DECODE,
-                                pass_features(0, 0.0, p.concurrency, p.concurrency, kv)
+                                pass_features(0, 0.0, p.concurrency, p.concurrency, kv, bound_rows)
                                 + no_request, r.decode_step_ms,
                                 f"{p.concurrency} sequences, {kv} KV tokens"))
         elif p.osl > 1:
@@ -155,7 +182,7 @@ def equations(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
                                 "own path (no prefill equation)")
                 continue
             chunks = prefill_chunks(p.tokens, budget)
-            passes = [pass_features(n, prefill_pairs(n, before), 1, 0, 0)
+            passes = [pass_features(n, prefill_pairs(n, before), 1, 0, 0, bound_rows)
                       for n, before in chunks]
             total = tuple(sum(col) for col in zip(*passes, strict=True))
             eqs.append(Equation(p.name, TTFT, total + _request_features(p.tokens), rest,
@@ -164,8 +191,8 @@ def equations(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
             # the other stream's decode takes one token of each pass's budget
             n, before = max(prefill_chunks(p.tokens, max(budget - 1, 1)),
                             key=lambda c: prefill_pairs(*c))
-            with_chunk = pass_features(n, prefill_pairs(n, before), 2, 1, 0)
-            plain = pass_features(0, 0.0, 1, 1, 0)
+            with_chunk = pass_features(n, prefill_pairs(n, before), 2, 1, 0, bound_rows)
+            plain = pass_features(0, 0.0, 1, 1, 0, bound_rows)
             eqs.append(Equation(p.name, PREFILL_GAP,
                                 tuple(a - b for a, b in zip(with_chunk, plain, strict=True))
                                 + no_request, r.prefill_gap_ms,
@@ -173,12 +200,41 @@ def equations(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
     return eqs, warnings
 
 
+def bound_rows_candidates(results: Sequence[ProbeResult]) -> list[float]:
+    """The `weight_bound_rows` values `fit_linear` tries: 0 (no bound), every whole number of
+    rows to `BOUND_ROWS_STEP_PAST`, then steps of a quarter, below the largest decode probe's
+    concurrency (a bound at or past it would make every decode figure flat)."""
+    top = max((r.probe.concurrency for r in results if r.probe.kind == "batch"), default=1)
+    out, k = [], 0.0
+    while k < top:
+        out.append(k)
+        k = k + 1 if k < BOUND_ROWS_STEP_PAST else float(math.ceil(k * 1.25))
+    return out
+
+
 def fit_linear(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
                budget: int) -> LinearFit:
-    """Non-negative least squares of the relative errors over the probes' equations.
+    """Non-negative least squares of the relative errors over the probes' equations, at the
+    `weight_bound_rows` of `bound_rows_candidates` whose fit has the smallest error (the
+    smallest such bound on a tie).
 
     Raises ValueError when the probes give no decode or no prefill equation."""
-    eqs, warnings = equations(results, lab_path_ms, budget)
+    best: LinearFit | None = None
+    evidence: dict[float, float] = {}
+    for rows in bound_rows_candidates(results):
+        fit = _fit_at(results, lab_path_ms, budget, rows)
+        evidence[rows] = fit.squared_error()
+        if best is None or evidence[rows] < evidence[best.bound_rows] * (1 - 1e-9):
+            best = fit
+    assert best is not None
+    best.bound_rows_evidence = evidence
+    return best
+
+
+def _fit_at(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float], budget: int,
+            bound_rows: float) -> LinearFit:
+    """`fit_linear` at one `weight_bound_rows`: the delay and the floor readings."""
+    eqs, warnings = equations(results, lab_path_ms, budget, bound_rows)
     if not any(e.figure == DECODE for e in eqs):
         raise ValueError("no probe measured a gap between streamed tokens (is --osl of the "
                          "probes above 1, and does the target stream one token per event?)")
@@ -192,6 +248,7 @@ def fit_linear(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float],
     chosen = floor if floor is not None and \
         evidence["floor"] < FLOOR_ERROR_SHARE * evidence["delay"] else delay
     chosen.mode_evidence = evidence
+    chosen.bound_rows = bound_rows
     return chosen
 
 

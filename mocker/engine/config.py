@@ -39,6 +39,11 @@ LINEAR_PASS_TERMS = ("pass_ms", "token_ms", "seq_ms", "kv_token_ms", "attention_
 #: floor`` a first-token floor (REQUEST_MODES)
 LINEAR_REQUEST_TERMS = ("request_ms", "request_token_ms")
 LINEAR_TERMS = LINEAR_PASS_TERMS + LINEAR_REQUEST_TERMS
+#: the ``linear`` model's one shape parameter (not a coefficient): a pass is charged at least
+#: this many rows of ``token_ms`` and of ``seq_ms``. A small batch's matmuls are bound by
+#: reading the weights, not by the rows they compute: a real engine's decode step is nearly
+#: flat up to a few sequences, then grows with each one (docs/mocker.md "Timing"). 0 = none.
+WEIGHT_BOUND_ROWS = "weight_bound_rows"
 #: how a profile's ``request`` rows (the ``linear`` model's request terms) apply
 #: (docs/mocker.md "Timing"): ``delay`` = the request may not be scheduled before arrival +
 #: request(T); ``floor`` = it is scheduled at once, but its first token is not emitted before
@@ -180,13 +185,14 @@ def _validate_timing(t: Any) -> None:
     if kind not in TIMING_TYPES:
         raise ValueError(f"timing.type must be one of {', '.join(TIMING_TYPES)}, got {kind!r}")
     allowed = {"polynomial": {"type"}, "fixed": {"type", "prefill_ms", "decode_ms"},
-               "linear": {"type", "request_mode", REQUEST_AFTER_SHARE, *LINEAR_TERMS},
+               "linear": {"type", "request_mode", REQUEST_AFTER_SHARE, WEIGHT_BOUND_ROWS,
+                          *LINEAR_TERMS},
                "profile": {"type", "path", "request_mode", REQUEST_AFTER_SHARE}}[kind]
     for key in t:
         if key not in allowed:
             raise ValueError(f"unknown key timing.{key} for timing type {kind!r}")
     if kind == "linear":
-        for name in LINEAR_TERMS:
+        for name in (*LINEAR_TERMS, WEIGHT_BOUND_ROWS):
             v = t.get(name, 0.0)
             if not _is_num(v) or v < 0:
                 raise ValueError(f"timing.{name} must be a finite number >= 0, got {v!r}")

@@ -15,7 +15,10 @@ Models (selected by `EngineArgs.timing["type"]`):
   + prefill_pass_ms * (1 if the pass prefills anything)``
 
   where a prefill chunk of n tokens after c computed ones has ``n * (c + (n + 1) / 2)``
-  query-key pairs (causal attention grows with the square of the prompt). Optional
+  query-key pairs (causal attention grows with the square of the prompt). With
+  ``weight_bound_rows`` k, the tokens computed and the sequences count as at least k each: a
+  small batch's matmuls are bound by reading the weights, so a decode step is nearly flat up
+  to k sequences and grows with each one past it (vLLM on this machine: docs/fidelity.md). Optional
   ``request_ms`` + ``request_token_ms * prompt tokens`` is a per-request latency before the
   request may be scheduled (a target's serving path beyond the lab's own; it holds no pass),
   or with ``"request_mode": "floor"`` a first-token floor, as under ``profile``.
@@ -59,7 +62,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import LINEAR_TERMS, REQUEST_AFTER_SHARE, REQUEST_MODES, EngineArgs
+from .config import (
+    LINEAR_TERMS,
+    REQUEST_AFTER_SHARE,
+    REQUEST_MODES,
+    WEIGHT_BOUND_ROWS,
+    EngineArgs,
+)
 
 PREFILL_A = 4.209989e-07
 PREFILL_B = 1.518344e-02
@@ -79,14 +88,17 @@ def prefill_pairs(chunk: int, context: int) -> float:
 
 
 def pass_features(prefill_tokens: int, prefill_pairs_total: float, seqs: int, decode_seqs: int,
-                  decode_kv: int) -> tuple[float, float, float, float, float, float]:
+                  decode_kv: int, bound_rows: float = 0.0
+                  ) -> tuple[float, float, float, float, float, float]:
     """What the ``linear`` model multiplies `LINEAR_PASS_TERMS` (mocker.engine.config) by, for
     one pass: 1, the tokens computed (prefill chunks plus one per decode sequence), the
-    sequences scheduled, the KV tokens the decode sequences attend to, the prefill query-key
-    pairs in millions, and 1 when the pass prefills anything (a constant of a prefill pass,
-    such as the 16.5 ms of Dynamo's polynomial prefill)."""
-    return (1.0, float(prefill_tokens + decode_seqs), float(seqs), float(decode_kv),
-            prefill_pairs_total / 1e6, 1.0 if prefill_tokens else 0.0)
+    sequences scheduled (each of these two at least `bound_rows`, the model's
+    ``weight_bound_rows``), the KV tokens the decode sequences attend to, the prefill
+    query-key pairs in millions, and 1 when the pass prefills anything (a constant of a
+    prefill pass, such as the 16.5 ms of Dynamo's polynomial prefill)."""
+    return (1.0, max(float(prefill_tokens + decode_seqs), bound_rows),
+            max(float(seqs), bound_rows), float(decode_kv), prefill_pairs_total / 1e6,
+            1.0 if prefill_tokens else 0.0)
 
 
 def polynomial_prefill_ms(new_tokens: int) -> float:
@@ -165,8 +177,8 @@ def load_profile(path: str | Path) -> tuple[Interp1D, Interp1D, Interp1D | None]
 
 @dataclass(frozen=True, slots=True)
 class LinearPass:
-    """The ``linear`` model's coefficients (ms; `LINEAR_TERMS`), validated by
-    `mocker.engine.config`."""
+    """The ``linear`` model's coefficients (ms; `LINEAR_TERMS`) and its `WEIGHT_BOUND_ROWS`,
+    validated by `mocker.engine.config`."""
 
     pass_ms: float = 0.0
     token_ms: float = 0.0
@@ -176,16 +188,20 @@ class LinearPass:
     prefill_pass_ms: float = 0.0
     request_ms: float = 0.0
     request_token_ms: float = 0.0
+    weight_bound_rows: float = 0.0
 
     @classmethod
     def from_timing(cls, timing: dict[str, Any]) -> LinearPass:
-        return cls(**{name: float(timing.get(name, 0.0)) for name in LINEAR_TERMS})
+        return cls(**{name: float(timing.get(name, 0.0))
+                      for name in (*LINEAR_TERMS, WEIGHT_BOUND_ROWS)})
 
     def pass_time_ms(self, prefill_tokens: int, pairs: float, seqs: int, decode_seqs: int,
                      decode_kv: int) -> float:
         """Unscaled time of one pass (the terms of `pass_features`)."""
-        ms = (self.pass_ms + self.token_ms * (prefill_tokens + decode_seqs)
-              + self.seq_ms * seqs + self.kv_token_ms * decode_kv
+        rows = self.weight_bound_rows
+        tokens = prefill_tokens + decode_seqs
+        ms = (self.pass_ms + self.token_ms * (tokens if tokens > rows else rows)
+              + self.seq_ms * (seqs if seqs > rows else rows) + self.kv_token_ms * decode_kv
               + self.attention_mpair_ms * pairs / 1e6)
         return ms + self.prefill_pass_ms if prefill_tokens else ms
 
@@ -297,7 +313,7 @@ class TimingModel:
         div = self._decode_div
         if div == 0:
             return lambda kv: 0.0
-        fixed = lin.pass_ms + (lin.token_ms + lin.seq_ms) * seqs
+        fixed = lin.pass_ms + (lin.token_ms + lin.seq_ms) * max(seqs, lin.weight_bound_rows)
         per_kv = lin.kv_token_ms
         return lambda kv: (fixed + per_kv * kv) / div
 

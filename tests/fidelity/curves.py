@@ -62,7 +62,10 @@ def write_true_engine(dir_: Path, floor: bool = False, after: bool = False) -> P
 #: about twice its figures for the same reason as above.
 TRUE_LINEAR = {"pass_ms": 10.0, "token_ms": 0.25, "seq_ms": 0.6, "kv_token_ms": 0.0012,
                "attention_mpair_ms": 200.0, "request_ms": TRUE_REQUEST_MS,
-               "request_token_ms": 0.0}
+               "request_token_ms": 0.0,
+               # a decode step flat from 1 to 4 sequences (a real engine's on a CPU: the
+               # weights' reads bound a small batch; docs/mocker.md "Timing")
+               "weight_bound_rows": 4.0}
 #: its pass token budget (vLLM's on CPU): a full pass costs about 0.6 s, under the sidecar's
 #: stall watch (2 s without a token while requests are in flight)
 LINEAR_BUDGET = 2048

@@ -23,29 +23,31 @@ def _result(probe: Probe, ttft: float = math.nan, step: float = math.nan,
                        latency_ms_p50=math.nan, ok=8, failed=0, prefill_gap_ms=gap)
 
 
-def _truth_results(noise: dict[str, float] | None = None, added: int = 0) -> list[ProbeResult]:
-    """Probe figures a target running TRUTH would give (times 1 + noise[probe name]); with
+def _truth_results(noise: dict[str, float] | None = None, added: int = 0,
+                   truth: LinearPass = TRUTH,
+                   batch_conc: tuple[int, ...] = (1, 8, 32, 64, 128)) -> list[ProbeResult]:
+    """Probe figures a target running `truth` would give (times 1 + noise[probe name]); with
     `added`, a target that computes that many more prompt tokens than the ISL (a BOS)."""
     noise = noise or {}
     out = []
     for i, isl in enumerate((64, 256, 1024, 4096)):
         p = Probe("context", isl, 32, 1, 8, 1, i, added)
         tokens = isl + added
-        ttft = PATH_MS + TRUTH.request_latency_ms(tokens) + sum(
-            TRUTH.pass_time_ms(n, prefill_pairs(n, before), 1, 0, 0)
+        ttft = PATH_MS + truth.request_latency_ms(tokens) + sum(
+            truth.pass_time_ms(n, prefill_pairs(n, before), 1, 0, 0)
             for n, before in prefill_chunks(tokens, BUDGET))
-        step = TRUTH.pass_time_ms(0, 0.0, 1, 1, round(p.decode_kv_tokens))
+        step = truth.pass_time_ms(0, 0.0, 1, 1, round(p.decode_kv_tokens))
         out.append(_result(p, ttft, step))
         o = Probe("overlap", isl, 64, 2, 16, 2, 10 + i, added)
         # the gap seen is the longest: the chunk with the most attention pairs
         n, before = max(prefill_chunks(tokens, BUDGET - 1), key=lambda c: prefill_pairs(*c))
-        gap = (TRUTH.pass_time_ms(n, prefill_pairs(n, before), 2, 1, 0)
-               - TRUTH.pass_time_ms(0, 0.0, 1, 1, 0))
+        gap = (truth.pass_time_ms(n, prefill_pairs(n, before), 2, 1, 0)
+               - truth.pass_time_ms(0, 0.0, 1, 1, 0))
         out.append(_result(o, gap=gap))
-    for i, (c, isl) in enumerate([(c, 64) for c in (1, 8, 32, 64, 128)]
-                                 + [(c, 1024) for c in (1, 8, 32)]):
+    for i, (c, isl) in enumerate([(c, 64) for c in batch_conc]
+                                 + [(c, 1024) for c in batch_conc if c <= 32]):
         p = Probe("batch", isl, 128, c, 2 * c, c, 100 + i, added)
-        out.append(_result(p, step=TRUTH.pass_time_ms(0, 0.0, c, c,
+        out.append(_result(p, step=truth.pass_time_ms(0, 0.0, c, c,
                                                       round(p.decode_kv_tokens))))
     return [r if r.probe.name not in noise else
             _result(r.probe, r.ttft_ms_p50 * (1 + noise[r.probe.name]),
@@ -69,13 +71,37 @@ def test_each_probe_figure_is_one_equation() -> None:
 
 def test_fit_recovers_the_passes_of_a_known_engine() -> None:
     fit = fit_linear(_truth_results(), {64: PATH_MS, 4096: PATH_MS}, BUDGET)
-    got = LinearPass(**fit.coefficients)
+    got = fit.pass_model
     for prefill, seqs, decodes, kv in [(512, 1, 0, 0), (2048, 1, 0, 0), (0, 32, 32, 30_000),
                                        (300, 9, 8, 5000)]:
         pairs = prefill_pairs(prefill, 0)
         assert got.pass_time_ms(prefill, pairs, seqs, decodes, kv) == pytest.approx(
             TRUTH.pass_time_ms(prefill, pairs, seqs, decodes, kv), rel=0.01)
     assert all(abs(r["residual_pct"]) < 1 for r in fit.residuals())
+
+
+def test_fit_recovers_a_decode_step_flat_up_to_a_batch_bound() -> None:
+    """A target whose passes cost at least 6 rows (a decode step flat from 1 to 6 sequences,
+    then 0.33 ms more per sequence, like vLLM on this machine's CPU): the fit keeps that bound,
+    not a neighbour, predicts passes on both sides of it, and holds every probe within 1%.
+    Without the bound, one slope cannot hold the flat start and the rest."""
+    truth = LinearPass(pass_ms=3.4, token_ms=0.13, seq_ms=0.2, kv_token_ms=0.0004,
+                       attention_mpair_ms=100.0, request_ms=2.5, weight_bound_rows=6.0)
+    results = _truth_results(truth=truth, batch_conc=(1, 4, 8, 16, 32, 64, 128))
+    fit = fit_linear(results, {64: PATH_MS, 4096: PATH_MS}, BUDGET)
+    assert fit.bound_rows == 6.0
+    assert fit.timing()["weight_bound_rows"] == 6.0
+    got = fit.pass_model
+    for prefill, seqs, decodes, kv in [(0, 1, 1, 200), (0, 3, 3, 600), (0, 12, 12, 2400),
+                                       (512, 1, 0, 0), (300, 9, 8, 5000)]:
+        pairs = prefill_pairs(prefill, 0)
+        assert got.pass_time_ms(prefill, pairs, seqs, decodes, kv) == pytest.approx(
+            truth.pass_time_ms(prefill, pairs, seqs, decodes, kv), rel=0.01)
+    assert all(abs(r["residual_pct"]) < 1 for r in fit.residuals())
+    assert fit.bound_rows_evidence[0.0] > 100 * fit.bound_rows_evidence[6.0]
+    assert "`weight_bound_rows` 6" in "\n".join(linear_markdown(fit))
+    plain = fit_linear(_truth_results(), {64: PATH_MS, 4096: PATH_MS}, BUDGET)
+    assert plain.bound_rows == 0.0 and "weight_bound_rows" not in plain.timing()
 
 
 def test_a_target_that_adds_a_bos_is_fitted_on_the_tokens_it_computes() -> None:
@@ -86,7 +112,7 @@ def test_a_target_that_adds_a_bos_is_fitted_on_the_tokens_it_computes() -> None:
     long = next(e for e in fit.equations if e.figure == TTFT
                 and e.source.startswith("context-isl4096"))
     assert long.features[0] == 3.0
-    got = LinearPass(**fit.coefficients)
+    got = fit.pass_model
     for tokens in (65, 1025, 4097):
         assert got.request_latency_ms(tokens) == pytest.approx(
             TRUTH.request_latency_ms(tokens), rel=0.05)

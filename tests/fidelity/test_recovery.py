@@ -23,7 +23,7 @@ import pytest
 
 from lab.shared.settings import SidecarTiming
 from launch.events import read_events
-from mocker.engine.config import LINEAR_TERMS
+from mocker.engine.config import LINEAR_TERMS, WEIGHT_BOUND_ROWS
 from mocker.engine.timing import LinearPass, prefill_pairs
 from tests.fidelity.conftest import lab_popen, lab_stack
 from tests.fidelity.curves import (
@@ -148,9 +148,10 @@ def test_calibrate_finds_a_first_token_floor(calibrations: dict[str, Calibrated]
 
 
 #: pass shapes the linear fit must price within TOLERANCE: (prefill tokens, sequences, decode
-#: sequences, decode KV tokens): prompts alone, and decode steps of 1 to 32 sequences
-PASSES = [(128, 1, 0, 0), (512, 1, 0, 0), (1024, 1, 0, 0), (0, 1, 1, 100), (0, 8, 8, 700),
-          (0, 32, 32, 2600), (0, 32, 32, 8000)]
+#: sequences, decode KV tokens): prompts alone, and decode steps of 1 to 32 sequences, below
+#: and past the target's weight-bound rows
+PASSES = [(128, 1, 0, 0), (512, 1, 0, 0), (1024, 1, 0, 0), (0, 1, 1, 100), (0, 3, 3, 250),
+          (0, 8, 8, 700), (0, 32, 32, 2600), (0, 32, 32, 8000)]
 LINEAR_PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024",
                  "--context-osl", "8", "--context-requests", "5", "--batch-conc", "1,8,32",
                  "--batch-isl", "64,256", "--batch-osl", "32", "--batch-rounds", "1",
@@ -160,8 +161,9 @@ LINEAR_PROBES = ("--prompt-kind", "token_ids", "--context-isl", "128,512,1024",
 
 
 def test_calibrate_recovers_a_known_pass_cost(calibrations: dict[str, Calibrated]) -> None:
-    """A target whose engine runs the `linear` pass model on known coefficients: the fit,
-    made through the real HTTP, request-plane and gRPC path, prices each pass shape of
+    """A target whose engine runs the `linear` pass model on known coefficients, its passes
+    charged at least 4 rows: the fit, made through the real HTTP, request-plane and gRPC
+    path, prices each pass shape of
     PASSES and the per-request latency within 5% of the truth (the coefficients themselves
     may trade off where the probes cannot tell them apart)."""
     out = calibrations["linear"].finished()
@@ -175,8 +177,8 @@ def test_calibrate_recovers_a_known_pass_cost(calibrations: dict[str, Calibrated
     # pass (0.33 of 32 ms in that run). All after (the power-law target's) would be 1.
     placement = json.loads((out / "fit.json").read_text())["request_placement"]
     assert placement["share"] <= 0.4, placement
-    assert timing["type"] == "linear" and set(timing) <= {"type", "request_after_share",
-                                                          *LINEAR_TERMS}, timing
+    assert timing["type"] == "linear" and set(timing) <= {
+        "type", "request_after_share", WEIGHT_BOUND_ROWS, *LINEAR_TERMS}, timing
     assert timing.get("request_after_share", 0.0) == placement["share"], timing
     # `--timing auto` (the default) chose it: the batch probes replayed on the linear fit come
     # closer to this target, which runs a linear pass model, than on the profile's curves

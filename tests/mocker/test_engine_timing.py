@@ -183,7 +183,33 @@ def test_linear_prefill_pass_constant_is_charged_once_per_pass_that_prefills() -
     assert s.step(100.0).duration_ms == pytest.approx(1.0)
 
 
+def test_weight_bound_rows_flatten_a_small_batch_in_step_and_fast_forward() -> None:
+    """With `weight_bound_rows` 4, a pass of 1 to 4 sequences costs what a pass of 4 does
+    (tokens and sequences both count as 4), one of 6 costs its own 6; `step` and the
+    fast-forward charge alike."""
+    timing = {**LINEAR, "weight_bound_rows": 4}
+    for n, rows in ((1, 4), (3, 4), (6, 6)):
+        s = Scheduler(EngineArgs(engine_type="vllm", timing=timing))
+        for i in range(n):
+            s.add(EngineRequest(f"r{i}", list(range(i * 100, i * 100 + 64)), 40, lambda p: 7))
+        s.step(0.0)
+        s.step(100.0)  # every request has reported its first token
+        kv = n * 66
+        assert s.step(200.0).duration_ms == pytest.approx(5.0 + 0.4 * rows + 0.001 * kv)
+        burst = s.fast_forward(300.0, 10_000.0, 3 * n)
+        assert burst.passes == 3
+        assert burst.simulated_ms == pytest.approx(
+            sum(5.0 + 0.4 * rows + 0.001 * (kv + n * (k + 1)) for k in range(3)))
+    prefill = Scheduler(EngineArgs(engine_type="vllm", timing=timing))
+    prefill.add(EngineRequest("a", list(range(100)), 5, lambda p: 1000))
+    # 100 prompt tokens are past the bound; its one sequence is not
+    assert prefill.step(0.0).duration_ms == pytest.approx(
+        5.0 + 0.1 * 100 + 0.3 * 4 + 100.0 * 100 * 50.5 / 1e6)
+
+
 @pytest.mark.parametrize(("timing", "msg"), [
+    ({"type": "linear", "weight_bound_rows": -1},
+     "timing.weight_bound_rows must be a finite number >= 0"),
     ({"type": "linear", "seq_ms": -1}, "timing.seq_ms must be a finite number >= 0"),
     ({"type": "linear", "per_token": 1}, "unknown key timing.per_token"),
     ({"type": "linear", "request_mode": "hold"}, "timing.request_mode must be one of"),
