@@ -47,8 +47,8 @@ def _bound_rows_markdown(fit: LinearFit) -> list[str]:
     shown = sorted(ev, key=ev.__getitem__)[:3]
     others = ", ".join(f"{k:g}: {ev[k]:.4f}" for k in shown if k != fit.bound_rows)
     kept = (f"`weight_bound_rows` {fit.bound_rows:g}: a pass is charged at least "
-            f"{fit.bound_rows:g} tokens and {fit.bound_rows:g} sequences (a small batch is "
-            "bound by reading the weights)" if fit.bound_rows else
+            f"{fit.bound_rows:g} tokens and {fit.bound_rows:g} sequences (its decode step is "
+            f"flat up to {fit.bound_rows:g} sequences)" if fit.bound_rows else
             "`weight_bound_rows` 0: no bound (each token and sequence adds to the pass)")
     return [f"{kept}, the smallest summed squared relative error of the {len(ev)} bounds "
             f"tried: {ev[fit.bound_rows]:.4f}, against 0 (no bound): {ev.get(0.0, math.nan):.4f}"
