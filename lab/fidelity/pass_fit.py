@@ -256,15 +256,20 @@ def _fit_at(results: Sequence[ProbeResult], lab_path_ms: Mapping[int, float], bu
 def _solve(eqs: Sequence[Equation]) -> dict[str, float]:
     """The non-negative coefficients of `eqs` (robust least squares of relative errors)."""
     a = np.array([[f / e.measured_ms for f in e.features] for e in eqs])
-    # scale each column to unit norm so the solver sees terms of comparable size
+    # scale each column to unit norm so the solver sees terms of comparable size; a term no
+    # equation has is 0 and left out (a free variable slows the solver, it does not fit)
     norms = np.linalg.norm(a, axis=0)
-    norms[norms == 0] = 1.0
-    scaled = a / norms
+    used = norms > 0
+    scaled = a[:, used] / norms[used]
     ones = np.ones(len(eqs))
     start, _ = nnls(scaled, ones)
-    x = least_squares(lambda c: scaled @ c - ones, start, bounds=(0.0, np.inf),
-                      loss="soft_l1", f_scale=ROBUST_SCALE).x
-    return {name: float(v) for name, v in zip(LINEAR_TERMS, x / norms, strict=True)}
+    # the residuals are linear: their Jacobian is the matrix itself. Given, not estimated by
+    # finite differences, the solve takes 1-2 ms instead of 10-120 ms (docs/measurements.md)
+    x = least_squares(lambda c: scaled @ c - ones, start, jac=lambda c: scaled,
+                      bounds=(0.0, np.inf), loss="soft_l1", f_scale=ROBUST_SCALE).x
+    coefficients = np.zeros(a.shape[1])
+    coefficients[used] = x / norms[used]
+    return {name: float(v) for name, v in zip(LINEAR_TERMS, coefficients, strict=True)}
 
 
 def _fit_floor(eqs: list[Equation], budget: int, warnings: list[str]) -> LinearFit | None:
