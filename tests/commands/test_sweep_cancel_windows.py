@@ -9,12 +9,14 @@ as `lab sweep --cancel` wires them (`lab.commands.sweep._launched`).
   for its KV transfer) and during decode; after each, both engines (and the sidecars, the
   frontend) are back at their idle values.
 
-The windows are made wide by the engines' timing: the prompt's 64 tokens are prefilled 4 per
-300 ms pass (4.8 s), then ~1.6 s of KV transfer (64 x 131072 B at 0.0052 GB/s), then 10 ms
-decode steps; the sidecars are told to wait that long without token progress. Cancel at 300 ms
-is early in the prefill, at 5.6 s inside the transfer (the prefill leg has ended, the decode
-leg has sent no token), after 3 tokens in decode. Every phase left running would hold its
-engine past the check's 3 s wait: 4.5 s more of prefill, or 20 s of decode (2000 tokens).
+The windows are made wide by the engines' timing: a prompt is prefilled 4 tokens per 300 ms
+pass, KV-transferred at 50 ms a token (131072 B at 0.0026 GB/s), then decoded in 10 ms steps;
+the sidecars are told to wait that long without token progress. Each window's prompt is as long
+as the window needs: 64 tokens (4.8 s of prefill) for a cancel at 300 ms, early in the prefill;
+32 tokens (2.4 s of prefill, then 1.6 s of transfer) for a cancel at 3.2 s, inside the transfer
+(the prefill leg has ended, the decode leg has sent no token); 8 tokens (0.6 s, then 0.4 s) for
+a cancel after 3 tokens of decode. Every phase left running would hold its engine past the
+check's 3 s wait: 4.5 s more of prefill, or 20 s of decode (2000 tokens).
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ SETTLE_S = 3.0
 #: The sidecars wait 30 s without token progress before calling their engine stalled (2 s by
 #: default, shorter than a 4.8 s prefill: the request would move to the decode worker).
 PATIENT = ["--stall", "30"]
-ISL = 64
 #: The prefill engine's batch budget: a 64-token prompt takes 16 passes of 300 ms.
 PREFILL_CHUNK = 4
+#: The decode engine's KV transfer: 50 ms a token.
+KV_GBPS = 0.0026
 
 
 def _cancelling(plan: CancelPlan) -> ClientSettings:
@@ -97,23 +100,25 @@ async def test_cancel_in_each_disaggregated_window(tmp_path: Path) -> None:
                   engine_args={**fixed(300, 10), "max_num_batched_tokens": PREFILL_CHUNK},
                   extra_sidecar_args=[*SIDECAR_ARGS, *PATIENT]),
         FleetSpec("decode", speedup=1,
-                  engine_args={**fixed(5, 10), "kv_transfer_bandwidth": 0.0052},
+                  engine_args={**fixed(5, 10), "kv_transfer_bandwidth": KV_GBPS},
                   extra_sidecar_args=[*SIDECAR_ARGS, *PATIENT]),
     ], grace_s=8)
-    # (cancel after, tokens seen at least / at most, the decode worker the frontend's log
-    # names); the handoff first: its window starts when the prefill ends, on an idle engine
-    windows = {"handoff": ("5600ms", 0, 0, "sidecar-decode-0"),
-               "prefill": ("300ms", 0, 0, "-"),
-               "decode": ("3tok", 3, 1999, "sidecar-decode-0")}
+    # (cancel after, prompt tokens, tokens seen at least / at most, the decode worker the
+    # frontend's log names); the handoff first: its window starts when the prefill ends, on an
+    # idle engine. Decode needs no long prefill before it: a short prompt reaches it sooner.
+    windows = {"handoff": ("3200ms", 32, 0, 0, "sidecar-decode-0"),
+               "prefill": ("300ms", 64, 0, 0, "-"),
+               "decode": ("3tok", 8, 3, 1999, "sidecar-decode-0")}
     async with Stack(spec, tmp_path / "stack") as stack:
         check = LeakCheck(stack.processes, stack.frontend_url, stack.discovery,
                           settle_s=SETTLE_S)
         await check.baseline()
         frontend_log = tmp_path / "stack" / "logs" / "frontend.log"
         seen = 0
-        for seed, (window, (after, least, most, decode_worker)) in enumerate(windows.items()):
+        for seed, (window, (after, isl, least, most, decode_worker)) in enumerate(
+                windows.items()):
             runner = await cancel_level(stack, check, tmp_path / window, CancelPlan(1.0, after),
-                                        isl=ISL, osl=2000, conc=1, seed=seed)
+                                        isl=isl, osl=2000, conc=1, seed=seed)
             level = report(tmp_path / window, "c=1")
             assert level["leaks"] == [], (window, level)
             for name in ("engine-prefill-0", "engine-decode-0"):

@@ -23,8 +23,11 @@ def test_fidelity_counts_the_prompt_as_a_target_that_adds_a_bos(tmp_path: Path) 
                         'add_special_tokens = true\n')
     out, cal = tmp_path / "fid", tmp_path / "cal"
     with contextmanager(lab_stack_from)(tmp_path / "target", "--topology", str(topology)) as url:
+        # short outputs (the context, prefix and overlap probes' 32, 32 and 64 by default): what
+        # is asserted is the prompt tokens each probe is fitted on, not the decode fit
         calibrated = lab("calibrate", "--target", url, "--tokenizer", str(tok), "--prompt-kind",
-                         "text", "--context-isl", "16,32", "--context-requests", "2",
+                         "text", "--context-isl", "16,32", "--context-osl", "8",
+                         "--context-requests", "2", "--overlap-osl", "16",
                          "--overlap-requests", "2", "--batch-conc", "1", "--batch-isl", "16",
                          "--batch-osl", "8", "--batch-rounds", "2", "--in-process-client",
                          "--request-after-share", "0",

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 import psutil
@@ -25,15 +28,18 @@ from lab.load.trace_synth import SynthSpec, synth_trace
 from launch.events import read_events
 from tests.fidelity.conftest import LAB, ROOT, lab, lab_stack
 
+T = TypeVar("T")
+
 COMMON = ("--prompt-kind", "token_ids", "--no-plots", "--in-process-client")
-#: the suite's target and lab run 10x faster than real time: its ISL 2048 levels take seconds
-SUITE_SPEEDUP = "10"
+#: the suite's target and lab run 20x faster than real time: its ISL 2048 levels take seconds.
+#: Faster still, a late wake-up of a ms or two grows to a tenth of the shortest TTFTs
+SUITE_SPEEDUP = "20"
 
 
 @pytest.fixture(scope="module")
 def fast_target(tmp_path_factory: pytest.TempPathFactory,
                 true_engine_args: Path) -> Iterator[str]:
-    """The known curve at --speedup 10."""
+    """The known curve at --speedup SUITE_SPEEDUP."""
     yield from lab_stack(tmp_path_factory.mktemp("fast-target"), true_engine_args,
                          speedup=SUITE_SPEEDUP)
 
@@ -81,11 +87,16 @@ def test_fidelity_rate_levels_line_up_by_offered_rate(
     assert "levels line up by offered rate" in md
 
 
+#: requests of the replayed trace: its arrivals take the replay's time (no figure is asserted)
+TRACE_REQUESTS = 8
+
+
 def test_fidelity_trace_replays_the_same_trace_on_both_sides(
         true_target: str, true_engine_args: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
-    write_trace(trace, synth_trace(SynthSpec(requests=16, rate=12.0, isl=128, osl=8,
-                                             prefix_groups=2, prefix_blocks=1, block_size=64)))
+    write_trace(trace, synth_trace(SynthSpec(requests=TRACE_REQUESTS, rate=12.0, isl=128,
+                                             osl=8, prefix_groups=2, prefix_blocks=1,
+                                             block_size=64)))
     out = tmp_path / "fid"
     proc = lab("fidelity", "--target", true_target, "--engine-args", str(true_engine_args),
                "--trace", str(trace), "--trace-block-size", "64", *COMMON, "--out", str(out))
@@ -95,7 +106,8 @@ def test_fidelity_trace_replays_the_same_trace_on_both_sides(
     assert {g["level"] for g in gaps} == {"trace"}
     levels = {side: _levels(out / side) for side in ("target", "lab")}
     for side in ("target", "lab"):
-        assert len(levels[side]) == 1 and int(levels[side]["requests"].iloc[0]) == 16
+        assert len(levels[side]) == 1
+        assert int(levels[side]["requests"].iloc[0]) == TRACE_REQUESTS
         config = json.loads((out / side / "config.json").read_text())["sweep"]
         assert config["trace"]["path"] == str(trace)
     for g in gaps:
@@ -153,10 +165,31 @@ def test_fidelity_suite_runs_every_workload_and_gives_the_mean_absolute_gaps(
     assert "| latency p50 (ms) | isl2048-osl32 | c=8 |" in md
 
 
+def _wait_until(condition: Callable[[], T | None], proc: subprocess.Popen, err: Path,
+                timeout: float = 60) -> T:
+    """condition()'s first truthy value, polled while `proc` runs (its stderr in `err`)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert proc.poll() is None, err.read_text()
+        assert time.monotonic() < deadline, err.read_text()
+        time.sleep(0.05)
+    return value
+
+
+def _inflight(url: str) -> float:
+    """The requests a lab frontend is serving (its /metrics)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.search(r"^lab_frontend_inflight_requests (\S+)$", text, re.M)
+    assert found, text
+    return float(found[1])
+
+
 def test_sigterm_mid_suite_leaves_no_lab_stack(
         fast_target: str, true_engine_args: Path, tmp_path: Path) -> None:
-    """SIGTERM while the lab side sweeps (a lab 100x slower than the target, so it is still
-    sweeping): exit 130 with every process of the lab stack gone."""
+    """SIGTERM while the lab side sweeps (a lab at speedup 0.1, far slower than the target, so
+    its first request is in flight for seconds): exit 130 with every process of the lab stack
+    gone."""
     out = tmp_path / "suite"
     err = tmp_path / "stderr.txt"
     with open(err, "w") as f:
@@ -167,12 +200,12 @@ def test_sigterm_mid_suite_leaves_no_lab_stack(
             stdout=subprocess.DEVNULL, stderr=f, cwd=ROOT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        deadline = time.monotonic() + 60
-        while "lab stack ready" not in err.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, err.read_text()
-            time.sleep(0.1)
-        assert "lab stack ready" in err.read_text()
-        time.sleep(1.0)  # in the first workload's sweep
+        ready = _wait_until(lambda: re.search(r"lab stack ready: (\S+)", err.read_text()),
+                            proc, err)
+        # in the first workload's sweep: a request of the lab side in flight (not a fixed
+        # wait: its prefill at speedup 0.1 outlasts the sidecar's 2 s stall watch, which fails
+        # the level)
+        _wait_until(lambda: _inflight(ready[1]) > 0 or None, proc, err)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130, err.read_text()
     finally:

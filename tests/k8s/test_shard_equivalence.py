@@ -2,13 +2,15 @@
 same percentiles within noise, closed loop (`--conc`) and open loop (`--rate`).
 
 Real processes: the fake SSE server (`tests.bench.fake_sse`, one chunk per token every 2 ms), one
-unsharded `lab sweep --target`, then 3 `lab sweep --shard I/3` processes started together that
-meet at an etcd barrier (`launch.etcd.LocalEtcd`, Debian's etcd-server), and `lab merge`. The
-unsharded run and the shards never run at the same time, so each meets the server alone.
+unsharded `lab sweep --target` (in the test's process, its load client a child process), then 3
+`lab sweep --shard I/3` processes started together that meet at an etcd barrier
+(`launch.etcd.LocalEtcd`, Debian's etcd-server), and `lab merge`. The unsharded run and the
+shards never run at the same time, so each meets the server alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from click.testing import CliRunner
 from lab.commands.merge import merge
 from lab.open_loop.arrivals import ArrivalProcess, schedule_seed
 from launch.etcd import LocalEtcd, etcd_available
+from tests.in_process import lab
 from tests.procs import LAB_ARGV, Proc
 
 pytestmark = pytest.mark.skipif(not etcd_available()[0],
@@ -71,22 +74,31 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= max(REL_TOLERANCE * max(a, b), ABS_TOLERANCE_MS)
 
 
+async def _shards(spawn: Callable[..., Proc], etcd_dir: Path, sweep: list[str],
+                  dirs: list[Path]) -> None:
+    """The shards, started together as processes, meeting at an etcd barrier."""
+    async with LocalEtcd(etcd_dir) as etcd:
+        _finish([spawn(f"shard-{i}", [*LAB_ARGV, *sweep, "--shard", f"{i}/{SHARDS}",
+                                      "--barrier", f"{etcd.spec}/equivalence", "--out", str(d)],
+                       ready=False) for i, d in enumerate(dirs)])
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["conc", "rate"])
-async def test_merged_shards_are_one_client(mode: str, spawn: Callable[..., Proc],
-                                            tmp_path: Path) -> None:
+def test_merged_shards_are_one_client(mode: str, spawn: Callable[..., Proc],
+                                      tmp_path: Path) -> None:
     server = spawn("fake", ["python", "-m", "tests.bench.fake_sse", "--token-interval-ms", "2"])
     level = ["--conc", str(SHARDS)] if mode == "conc" else ["--rate", f"{RATE:g}"]
-    sweep = [*LAB_ARGV, "sweep", "--target", f"http://{server.address}", "--model", "fake",
+    sweep = ["sweep", "--target", f"http://{server.address}", "--model", "fake",
              "--isl", "16", "--osl", "8", "--requests", str(REQUESTS), "--warmup", "0",
              "--timeout", "30", "--quiet", "--no-plots", *level]
     one = tmp_path / "one"
-    _finish([spawn("one", [*sweep, "--out", str(one)], ready=False)])
-    async with LocalEtcd(tmp_path / "etcd") as etcd:
-        dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
-        _finish([spawn(f"shard-{i}", [*sweep, "--shard", f"{i}/{SHARDS}", "--barrier",
-                                      f"{etcd.spec}/equivalence", "--out", str(d)],
-                       ready=False) for i, d in enumerate(dirs)])
+    # The one client's sweep in this process (tests/in_process.py: no new interpreter to
+    # import); its load client is a child process all the same, as each shard's is.
+    ran = lab(*sweep, "--out", str(one))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    dirs = [tmp_path / f"shard-{i}" for i in range(SHARDS)]
+    asyncio.run(_shards(spawn, tmp_path / "etcd", sweep, dirs))
     merged = tmp_path / "merged"
     result = CliRunner().invoke(merge, [*map(str, dirs), "--out", str(merged), "--no-plots"])
     assert result.exit_code == 0, result.output

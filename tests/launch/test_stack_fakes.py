@@ -242,7 +242,11 @@ async def test_sampler_and_config(tmp_path: Path, fakes: Programs) -> None:
     run_dir = tmp_path / "run"
     async with Stack(TopologySpec.aggregated(grace_s=3), run_dir, programs=fakes,
                      sample_interval_s=0.2) as stack:
-        await asyncio.sleep(1.0)
+        # the sampler's own ticks (a process's first one primes its counter), not a guessed time
+        assert stack.sampler is not None
+        sampler = stack.sampler
+        await wait_for(lambda: {s["name"] for s in sampler.samples} >= {
+            "engine-0", "sidecar-0", "frontend"}, what="a background sample of each process")
         samples = stack.cpu_samples()
     names = {s["name"] for s in samples}
     assert {"engine-0", "sidecar-0", "frontend"} <= names
