@@ -62,8 +62,8 @@ FLOOR_ERROR_SHARE = 0.5
 #: how many of an equation's features are the pass terms (the rest are the request terms)
 _PASS_TERMS = len(LINEAR_PASS_TERMS)
 #: `bound_rows_candidates` tries every whole number of rows up to this one, then steps of a
-#: quarter (each candidate is one fit: with batch probes to c=128, 26 candidates, 0.4-0.8 s on
-#: the 2-core machine)
+#: quarter (each candidate is one fit: with batch probes to c=128, 26 candidates, under 0.1 s
+#: in all on the 2-core machine)
 BOUND_ROWS_STEP_PAST = 16
 #: what a decode figure, a time to first token and a prefill gap are called in the report
 DECODE, TTFT, PREFILL_GAP = "decode step", "TTFT - lab path", "prefill gap"

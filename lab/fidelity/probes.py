@@ -55,7 +55,7 @@ def default_context_isl(budget: int, max_model_len: int | None,
 DEFAULT_CONTEXT_REQUESTS = 8
 #: Batch sizes crossed with context lengths: a decode step's cost depends on both (the
 #: sequences that share it and the KV tokens they attend to; docs/fidelity.md). 4 and 16 place
-#: where a real engine's step stops being flat (the linear model's weight_bound_rows: 5 to 9
+#: where a real engine's step stops being flat (the linear model's weight_bound_rows: 4 to 9
 #: sequences for vLLM on this machine's CPU, docs/references.md).
 DEFAULT_BATCH_CONC = (1, 4, 8, 16, 32, 64, 128)
 DEFAULT_BATCH_ISL = (64, 1024)  # the second reaches the KV of long prompts at high concurrency

@@ -28,6 +28,7 @@ from lab.fidelity.gaps import gap_pct
 from lab.fidelity.probes import ProbeResult
 from mocker.engine.config import EngineArgs
 from mocker.engine.scheduler import EngineRequest, Scheduler
+from mocker.engine.sim import timed_signals
 
 #: a replay that has not finished after this many passes is stopped (a model too slow to be
 #: a fit: the probes themselves finished in minutes)
@@ -98,15 +99,9 @@ def replay_closed_loop(args: EngineArgs, isl: int, osl: int, concurrency: int, r
             now = nxt
             continue
         res = sched.step(now)
-        i = 0
-        for at, n in res.early:
-            for s in res.signals[i:i + n]:
-                seen(at, s.key, s.completed, s.rejected)
-            i += n
-        end = now + res.duration_ms
-        for s in res.signals[i:]:
-            seen(end, s.key, s.completed, s.rejected)
-        now = end
+        for at, s in timed_signals(res, now):
+            seen(at, s.key, s.completed, s.rejected)
+        now += res.duration_ms
     if len(latencies) < requests:
         raise RuntimeError(f"the replay of c={concurrency} ISL {isl} / OSL {osl} did not "
                            f"finish ({len(latencies)} of {requests} requests)")

@@ -10,6 +10,19 @@ from __future__ import annotations
 from .scheduler import PassResult, Scheduler, Signal
 
 
+def timed_signals(res: PassResult, start_ms: float) -> list[tuple[float, Signal]]:
+    """A pass's signals with the time each becomes visible: its leading `early` ones at their
+    own release times, the rest at the pass's end (`start_ms` + its duration)."""
+    out: list[tuple[float, Signal]] = []
+    i = 0
+    for at, n in res.early:
+        out.extend((at, s) for s in res.signals[i:i + n])
+        i += n
+    end = start_ms + res.duration_ms
+    out.extend((end, s) for s in res.signals[i:])
+    return out
+
+
 def run_until_idle(
     sched: Scheduler, start_ms: float = 0.0, *, max_passes: int = 1_000_000
 ) -> tuple[float, list[tuple[float, Signal]]]:
@@ -26,11 +39,7 @@ def run_until_idle(
                 return now, out
             now = nxt
             continue
-        res: PassResult = sched.step(now)
-        signals, i = res.signals, 0
-        for at, n in res.early:
-            out.extend((at, s) for s in signals[i:i + n])
-            i += n
+        res = sched.step(now)
+        out.extend(timed_signals(res, now))
         now += res.duration_ms
-        out.extend((now, s) for s in signals[i:])
     raise RuntimeError(f"scheduler not idle after {max_passes} passes")

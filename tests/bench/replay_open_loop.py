@@ -38,12 +38,12 @@ import pandas as pd
 from lab.analysis.request_times import with_request_times
 from lab.fidelity.fit import path_at
 from lab.fidelity.gaps import gap_pct
+from lab.fidelity.probes import BURST_GAP_NS
 from lab.report.markdown import md_table
 from mocker.engine.config import EngineArgs
 from mocker.engine.scheduler import EngineRequest, Scheduler
+from mocker.engine.sim import timed_signals
 
-#: stamps closer than this belong to one pass (a decode step is several ms on any engine here)
-CLUSTER_GAP_NS = 1_000_000
 #: batch-size buckets of the --passes table
 BUCKETS = ((1, 4), (5, 9), (10, 19), (20, 29), (30, 44), (45, 64), (65, 100_000))
 FIGURES = ("ttft_p50", "ttft_p99", "itl_p50", "latency_p50", "req_s")
@@ -109,14 +109,12 @@ def replayed(requests: pd.DataFrame, engine_args: dict[str, Any], path_ms: float
             now = max(now, min(wake))
             continue
         res = sched.step(now)
-        stamps = [at for at, n in res.early for _ in range(n)]
-        end = now + res.duration_ms
-        for i, s in enumerate(res.signals):
+        for at, s in timed_signals(res, now):
             if s.rejected:
                 raise RuntimeError(f"the engine args reject request {s.key}")
-            times[s.key].append(stamps[i] if i < len(stamps) else end)
+            times[s.key].append(at)
             done += s.completed
-        now = end
+        now += res.duration_ms
     streams, sends, ends = [], [], []
     for i, (at, _, _, warm) in enumerate(plan):
         if not warm:
@@ -128,13 +126,14 @@ def replayed(requests: pd.DataFrame, engine_args: dict[str, Any], path_ms: float
 
 
 def decode_passes(requests: pd.DataFrame) -> pd.DataFrame:
-    """Passes read from token stamps: (duration ms, tokens, first tokens) per cluster."""
+    """Passes read from token stamps: (duration ms, tokens, first tokens) per cluster of
+    stamps less than a pass apart (`BURST_GAP_NS`)."""
     m = requests[~requests["warmup"].astype(bool)]
     stamps = sorted((int(t), i == 0) for times in m["chunk_times_ns"]
                     for i, t in enumerate(times))
     clusters: list[list[int]] = []  # [start, last, tokens, first tokens]
     for t, first in stamps:
-        if not clusters or t - clusters[-1][1] > CLUSTER_GAP_NS:
+        if not clusters or t - clusters[-1][1] > BURST_GAP_NS:
             clusters.append([t, t, 0, 0])
         clusters[-1][1] = t
         clusters[-1][2] += 1
