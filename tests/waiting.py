@@ -10,8 +10,10 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 Predicate = Callable[[], bool | Awaitable[bool]]
+T = TypeVar("T")
 
 
 async def wait_for(
@@ -41,3 +43,15 @@ async def wait_for(
         if time.monotonic() - start > timeout:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def wait_until(check: Callable[[], T | None], timeout: float = 5.0, what: str = "condition",
+               *, interval: float = 0.05) -> T:
+    """`wait_for` for a test without an event loop: polls `check()` until it returns a
+    truthy value, and returns that value. On timeout: AssertionError naming `what`."""
+    start = time.monotonic()
+    while not (value := check()):
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+    return value

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from lab.load.trace import write_trace
 from lab.load.trace_synth import SynthSpec, synth_trace
 from launch.events import read_events
 from tests.fidelity.conftest import LAB, ROOT, lab, lab_stack
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -165,17 +165,6 @@ def test_fidelity_suite_runs_every_workload_and_gives_the_mean_absolute_gaps(
     assert "| latency p50 (ms) | isl2048-osl32 | c=8 |" in md
 
 
-def _wait_until(condition: Callable[[], T | None], proc: subprocess.Popen, err: Path,
-                timeout: float = 60) -> T:
-    """condition()'s first truthy value, polled while `proc` runs (its stderr in `err`)."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert proc.poll() is None, err.read_text()
-        assert time.monotonic() < deadline, err.read_text()
-        time.sleep(0.05)
-    return value
-
-
 def _inflight(url: str) -> float:
     """The requests a lab frontend is serving (its /metrics)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
@@ -199,13 +188,19 @@ def test_sigterm_mid_suite_leaves_no_lab_stack(
              "--out", str(out)],
             stdout=subprocess.DEVNULL, stderr=f, cwd=ROOT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    def running(check: Callable[[], T]) -> Callable[[], T]:
+        def alive() -> T:
+            assert proc.poll() is None, err.read_text()
+            return check()
+        return alive
+
     try:
-        ready = _wait_until(lambda: re.search(r"lab stack ready: (\S+)", err.read_text()),
-                            proc, err)
+        ready = wait_until(running(lambda: re.search(r"lab stack ready: (\S+)", err.read_text())),
+                           60, "the lab stack's ready line")
         # in the first workload's sweep: a request of the lab side in flight (not a fixed
         # wait: its prefill at speedup 0.1 outlasts the sidecar's 2 s stall watch, which fails
         # the level)
-        _wait_until(lambda: _inflight(ready[1]) > 0 or None, proc, err)
+        wait_until(running(lambda: _inflight(ready[1]) > 0), 60, "a lab request in flight")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 130, err.read_text()
     finally:
