@@ -3,11 +3,13 @@ ready line, and always kill the whole group at teardown (see the `spawn` fixture
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +79,17 @@ class Proc:
             return self.popen.wait(5)
         except subprocess.TimeoutExpired:
             return None
+
+
+def stop_all(procs: Iterable[Proc], timeout: float) -> None:
+    """SIGTERM every process's group at once, then `stop` each with `timeout`: processes that
+    take seconds to exit (Dynamo's) wait together, not one after another."""
+    procs = list(procs)
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGTERM)
+    for proc in procs:
+        proc.stop(timeout=timeout)
 
 
 def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Proc:

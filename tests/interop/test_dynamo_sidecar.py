@@ -11,9 +11,7 @@ reason skips locally with the command to run, and fails under CI=true.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ from mocker.server.pb import generation_pb2
 from mocker.server.recorder import list_recorded
 from tests.interop import dynamo_stack as dyn
 from tests.interop.model_dir import build_model_dir
-from tests.procs import Proc, mocker_argv
+from tests.procs import Proc, mocker_argv, stop_all
 from tests.waiting import wait_for
 
 ISL, OSL, REQUESTS = 64, 16, 12
@@ -114,11 +112,7 @@ def dynamo(spawn: Callable[..., Proc], model_dir: Path,
     # (`spawn` would SIGKILL it after 10 s) and the others take ~5 s to exit cleanly, one after
     # another. How Dynamo exits is not what these tests check: SIGTERM them all at once, then
     # give them 2 s.
-    for proc in dynamo_procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, signal.SIGTERM)
-    for proc in dynamo_procs:
-        proc.stop(timeout=2)
+    stop_all(dynamo_procs, timeout=2)
 
 
 def sweep_through(stack: Stack, model_dir: Path, out: Path) -> pd.DataFrame:

@@ -7,11 +7,8 @@ etcd discovery as rendered (Debian's etcd-server on PATH runs the StatefulSet's 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +23,7 @@ from launch.k8s.options import FRONTEND_PORT, RenderOptions
 from launch.k8s.render import read, render, write
 from launch.topology import TopologySpec
 from tests.k8s.pod_runner import Cluster
-from tests.procs import Proc
+from tests.procs import Proc, stop_all
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="needs etcd on PATH (apt-get install -y etcd-server)")
@@ -144,9 +141,4 @@ def test_dynamo_arrangement_serves_a_sweep(spawn: Callable[..., Proc], tmp_path:
     # Dynamo's sidecar takes ~5 s to exit on SIGTERM, and `spawn` stops one process after
     # another. How Dynamo exits is not what this test checks: SIGTERM every process at once,
     # then give each 2 s (as tests/interop/test_dynamo_sidecar.py does).
-    procs = [proc for pod in cluster.pods for _, proc in pod.procs]
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, signal.SIGTERM)
-    for proc in procs:
-        proc.stop(timeout=2)
+    stop_all((proc for pod in cluster.pods for _, proc in pod.procs), timeout=2)
