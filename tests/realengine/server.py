@@ -35,6 +35,20 @@ DEFAULT_VENV = Path.home() / ".cache" / "loadlab" / "vllm-venv"
 START_TIMEOUT_S = 300.0
 
 
+def model_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """bfloat16 where the CPU computes it (AVX-512 BF16 or AMX), else float32.
+
+    Without those (an AMD EPYC of the Zen 3 generation: AVX2 only) vLLM's oneDNN linear cannot
+    build a bf16 matmul, falls back to PyTorch's, and runs a pass many times slower: the two
+    real-engine tests took 157 s there in bfloat16 and 83 s in float32
+    (docs/measurements.md "The real-engine tests' server")."""
+    try:
+        flags = cpuinfo.read_text().split()
+    except OSError:
+        return "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
 def venv_dir() -> Path:
     """Where .ci/vllm-venv put vLLM ($LOADLAB_VLLM_VENV)."""
     return Path(os.environ.get("LOADLAB_VLLM_VENV") or DEFAULT_VENV)
@@ -142,7 +156,7 @@ def start(model_dir: Path, log_path: Path, *, venv: Path | None = None, kv_gib: 
     python = (venv or venv_dir()) / "bin" / "python"
     args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", "0",
-            "--max-model-len", "8192", "--dtype", "bfloat16", "--max-num-seqs", "64",
+            "--max-model-len", "8192", "--dtype", model_dtype(), "--max-num-seqs", "64",
             # eager: no torch.compile (inductor) warm-up at start, which took 27 s of the
             # server's 63 s start on 2 cores; the compute is the same attention and matmuls,
             # run by PyTorch's eager kernels instead of inductor's fused ones
