@@ -15,9 +15,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.shared.engine_settings import EngineSettings
+from lab.shared.config_cli import MAX_SECONDS
+from lab.shared.engine_settings import DEFAULT_CONTEXT_LENGTH, EngineSettings
 from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.reasoning import REASONING_PARSERS, engine_args_reason
+from lab.shared.settings import SidecarTiming
 from lab.shared.sidecar_settings import SidecarSettings
 from launch.topology import FleetSpec, TopologySpec
 
@@ -85,21 +87,70 @@ def engine_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec,
     return [*programs.mocker, "serve", *settings.to_argv(), *fleet.extra_mocker_args]
 
 
+#: a sidecar's stall window and readiness probe are at least this many times the longest its
+#: engine may take to show a token
+STALL_MARGIN = 1.5
+
+
+def _silence_s(fleet: FleetSpec, prompt_tokens: int) -> float | None:
+    """How long `fleet`'s engine takes from a prompt of `prompt_tokens` tokens to its first
+    token, alone (TimingModel.prompt_alone_ms); None when its engine args do not load (the
+    engine reports them itself)."""
+    from mocker.engine.config import EngineArgs
+    from mocker.engine.timing import TimingModel
+
+    try:
+        args = EngineArgs.from_json({**fleet.engine_args,
+                                     "speedup_ratio": float(fleet.speedup),
+                                     "decode_speedup_ratio": float(fleet.decode_speedup)})
+        return TimingModel(args).prompt_alone_ms(prompt_tokens, args.max_num_batched_tokens) / 1e3
+    except (ValueError, OSError, KeyError, TypeError):
+        return None
+
+
+def _at_least(default_s: float, silence_s: float | None) -> float:
+    if silence_s is None:
+        return default_s
+    return min(max(default_s, STALL_MARGIN * silence_s), MAX_SECONDS)
+
+
+def stall_window_s(fleet: FleetSpec) -> float:
+    """The sidecar's stall window for `fleet`'s engines: the default (SidecarTiming.stall_s),
+    or STALL_MARGIN times the longest its engine can work with requests in flight and emit no
+    token, when that is longer: a prompt of the engine's whole context, alone, through its
+    request latency and every prefill chunk. A CPU engine calibrated on this machine took 2.7 s
+    for a 2,048-token prefill pass (docs/references.md), and the fixed 2 s window withdrew its
+    worker mid-pass and failed every request with 503."""
+    return _at_least(SidecarTiming.stall_s, _silence_s(fleet, DEFAULT_CONTEXT_LENGTH - 1))
+
+
+def probe_timeout_s(fleet: FleetSpec) -> float:
+    """The bound of the sidecar's readiness probe (a canary generation of CANARY_PROMPT): the
+    default, or STALL_MARGIN times the canary's first token on `fleet`'s engine."""
+    from lab.serve.sidecar.progress import CANARY_PROMPT
+
+    return _at_least(SidecarTiming.probe_timeout_s, _silence_s(fleet, len(CANARY_PROMPT)))
+
+
 def sidecar_settings(spec: TopologySpec, engine_address: str, discovery: str, worker_id: str,
-                     host: str = LISTEN_HOST) -> SidecarSettings:
-    """`host`: the request-plane address to bind and advertise in discovery."""
+                     host: str = LISTEN_HOST, fleet: FleetSpec | None = None) -> SidecarSettings:
+    """`host`: the request-plane address to bind and advertise in discovery; `fleet`: the
+    engines', whose timing sets the stall window and the probe's bound (`stall_window_s`,
+    `probe_timeout_s`; the defaults without it)."""
     return SidecarSettings(
         engine=engine_address,
         listen=f"{host}:0",
         discovery=discovery,
         worker_id=worker_id,
         server_nodelay=spec.sockets.server_nodelay,
+        stall=SidecarTiming.stall_s if fleet is None else stall_window_s(fleet),
+        probe_timeout=SidecarTiming.probe_timeout_s if fleet is None else probe_timeout_s(fleet),
     )
 
 
 def sidecar_argv(programs: Programs, spec: TopologySpec, fleet: FleetSpec, engine_address: str,
                  discovery: str, worker_id: str, host: str = LISTEN_HOST) -> list[str]:
-    settings = sidecar_settings(spec, engine_address, discovery, worker_id, host)
+    settings = sidecar_settings(spec, engine_address, discovery, worker_id, host, fleet)
     return [*programs.lab, "sidecar", *settings.to_argv(), *fleet.extra_sidecar_args]
 
 

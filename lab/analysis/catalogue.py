@@ -267,6 +267,11 @@ SERVER_CPU_PCT = _define(Metric(
     "server_cpu_pct", "server CPU", "%", "procs.parquet",
     "the sampled server processes' CPU over the level's window, summed (% of one core)",
     digits=0))
+SERVER_CPU_WAIT_PCT = _define(Metric(
+    "server_cpu_wait_pct", "server CPU wait", "%", "procs.parquet",
+    "the sampled server processes' run-queue wait over the level's window, summed (% of one "
+    "core): time their threads were runnable but waited for a CPU (/proc schedstat)",
+    digits=0))
 SERVER_CPU_MS_PER_REQ = _define(Metric(
     "server_cpu_ms_per_req", "server CPU", "ms/req", "procs.parquet, successful requests",
     "the server processes' CPU per successful request"))

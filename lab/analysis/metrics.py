@@ -79,8 +79,9 @@ def format_errors(counts: dict[str, int]) -> str:
 
 def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | None,
                     duration_s: float, ok: int, out_tokens: int = 0) -> dict[str, Any]:
-    """Each server process's CPU % over the window and peak RSS (MB), and the server's CPU per
-    request (ms) and per output token (us), summed over processes.
+    """Each server process's CPU % and CPU wait % (run-queue delay, launch.sampler) over the
+    window and peak RSS (MB), and the server's CPU per request (ms) and per output token (us),
+    summed over processes.
 
     A sample's cpu_pct covers the interval since that pid's previous sample (launch.sampler), so
     each sample counts by how much of its interval lies in the window: a sample taken just after
@@ -101,14 +102,22 @@ def process_figures(procs: pd.DataFrame | None, start: int | None, end: int | No
         return {}
     out: dict[str, Any] = {}
     total_cpu_s = 0.0
+    waits = "cpu_wait_pct" in win  # run directories from before the sampler read it have none
     for name, g in win.groupby("name", sort=True):
         cpu = float(np.average(g["cpu_pct"], weights=g["overlap"]))
         out[f"cpu_pct:{name}"] = cpu
+        if waits and g["cpu_wait_pct"].notna().any():
+            w = g[g["cpu_wait_pct"].notna()]
+            out[f"cpu_wait_pct:{name}"] = float(np.average(w["cpu_wait_pct"],
+                                                           weights=w["overlap"]))
         out[f"rss_peak_mb:{name}"] = float(g["rss_bytes"].max()) / 1e6
         cpu_s = cpu / 100.0 * duration_s
         total_cpu_s += cpu_s
         out[f"cpu_s_per_1k:{name}"] = 1000.0 * cpu_s / ok if ok else None
     out[cat.SERVER_CPU_PCT.name] = sum(v for k, v in out.items() if k.startswith("cpu_pct:"))
+    wait_cols = [v for k, v in out.items() if k.startswith("cpu_wait_pct:")]
+    if wait_cols:
+        out[cat.SERVER_CPU_WAIT_PCT.name] = sum(wait_cols)
     out[cat.SERVER_CPU_MS_PER_REQ.name] = 1000.0 * total_cpu_s / ok if ok else None
     out[cat.SERVER_CPU_US_PER_TOKEN.name] = (1e6 * total_cpu_s / out_tokens if out_tokens
                                              else None)

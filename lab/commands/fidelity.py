@@ -8,7 +8,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,7 @@ class Side:
     spec: Any = None
     title: str = ""  # its column in the report (default: the name)
     engine_args: str | None = None
+    server_pids: dict[str, int] = field(default_factory=dict)  # a target's --server-pid
 
     @property
     def is_lab(self) -> bool:
@@ -88,6 +89,11 @@ def parse_also(values: tuple[str, ...]) -> list[tuple[str, str]]:
 @click.command()
 @option_of(SweepSettings, "target", required=True,
            help="The OpenAI-compatible server to compare the lab with.")
+@option_of(SweepSettings, "server_pids",
+           help="Sample this process of the target (and its children) in every sweep of the "
+           "target: its CPU and its CPU wait (time runnable, waiting for a core), per level, "
+           "in each sweep's report, and the levels where it waited in fidelity.md / suite.md; "
+           "e.g. --server-pid engine=1240 (repeatable).")
 @click.option("--target-disagg", default=None, metavar="URL",
               help="The same target deployed disaggregated: the lab is swept disaggregated "
               "too (1 prefill + 1 decode engine), and the disaggregation cost (req/s lost vs "
@@ -170,7 +176,7 @@ def fidelity(**kw: Any) -> None:
     concs = tuple(kw["conc"])
     workload = workload_from_options(kw, target=kw["target"])
     lab_kw = {"speedup": kw["speedup"], "tokenizer": kw["tokenizer"]}
-    sides = [Side("target", url=kw["target"]),
+    sides = [Side("target", url=kw["target"], server_pids=kw["server_pids"]),
              Side("lab", spec=lab_spec(engine_args=kw["engine_args"], name="lab", **lab_kw),
                   engine_args=kw["engine_args"])]
     if kw["with_defaults"]:
@@ -361,6 +367,7 @@ async def _sweep_side(side: Side, jobs: list[tuple[Path, Any, str]], model: str,
                       progress: Any, say: Any, stack_dir: Path) -> None:
     from lab.fidelity.lab_stack import on_stack
     from lab.load.sweep import SweepRunner
+    from lab.sweep.server_sampling import sampling_servers
     from launch.config import write_config
 
     await _main_task_guard()  # SIGTERM: cancel, so the stack is torn down as on Ctrl-C
@@ -376,7 +383,9 @@ async def _sweep_side(side: Side, jobs: list[tuple[Path, Any, str]], model: str,
         for out, plan, name in jobs:
             if name:
                 say(f"{side.name}: {name}")
-            await SweepRunner(out, url, lab_model, plan, progress=progress).run()
+            async with sampling_servers(out, side.server_pids) as samples:
+                await SweepRunner(out, url, lab_model, plan, progress=progress,
+                                  procs_samples=samples).run()
 
     if not side.is_lab:
         assert side.url is not None  # a target side has its URL
@@ -501,6 +510,8 @@ def suite_report(run_dir: Path, sides: list[Side], entries: list[Any], saturatio
               *_added_tokens_line(kw), ""]
     text = suite.suite_markdown(rows, [(s.name, s.column) for s in labs], stats, intro)
     text += client_health_notes(levels, repeat)
+    text += target_wait_notes([(f"{entry}" + (f", repeat {k}" if repeat > 1 else ""), lv)
+                               for (entry, side, k), lv in levels.items() if side == "target"])
     text += f"\nRun directory: {run_dir}\n"
     suite.write_suite(run_dir, text, {
         "target": kw["target"], "repeat": repeat,
@@ -532,6 +543,30 @@ def client_health_notes(levels: dict[tuple[str, str, int], pd.DataFrame], repeat
     if not notes:
         return "\nClient health: every sweep's client kept up.\n"
     return "\n".join(["", "## Client health", "", *notes, ""])
+
+
+def target_wait_notes(sweeps: list[tuple[str, pd.DataFrame]]) -> str:
+    """The target sweeps' CPU wait (--server-pid; lab.report.markdown `waited_levels`): the
+    levels where a sampled target process spent SERVER_WAIT_SHARE or more of its runnable time
+    waiting for a core. A CPU engine beside the load client on a small machine stretches its
+    passes by that wait, which its probes saw in another measure, so a gap there can be the
+    machine's. Empty without sampled processes."""
+    from lab.report.markdown import SERVER_WAIT_SHARE, server_wait_shares, waited_levels
+
+    sampled = [(where, lv) for where, lv in sweeps if server_wait_shares(lv)]
+    if not sampled:
+        return ""
+    notes = [f"* {where}: " + "; ".join(waited)
+             for where, lv in sampled if (waited := waited_levels(lv))]
+    head = ["", "## The target's CPU wait", "",
+            "Share of the time runnable that a sampled target process (--server-pid) spent "
+            "waiting for a CPU (run-queue wait / (CPU + wait)), where it reached "
+            f"{SERVER_WAIT_SHARE:.0%}: there the target's timing carries the machine's "
+            "contention as well as its work."]
+    if not notes:
+        return "\n".join([*head, "", f"No sampled target process reached {SERVER_WAIT_SHARE:.0%}"
+                          " at any level.", ""])
+    return "\n".join([*head, "", *notes, ""])
 
 
 def _lab_sides(sides: list[Side]) -> list[Side]:
@@ -593,6 +628,10 @@ def report(run_dir: Path, sides: list[Side], workload: Any, kw: dict) -> str:
         lines += [f"![fidelity]({plot.relative_to(run_dir)})", ""]
     compare_runs([run_dir / s.name for s in sides], run_dir / "compare",
                  make_plots=not kw["no_plots"])
+    waits = target_wait_notes([(name, runs[name].levels) for name in ("target", "target-disagg")
+                               if name in runs])
+    if waits:
+        lines += [waits]
     lines += [f"Run directory: {run_dir} (overlay plots in compare/).", ""]
     text = "\n".join(lines)
     (run_dir / "fidelity.md").write_text(text)
@@ -711,6 +750,10 @@ def report_repeats(run_dir: Path, sides: list[Side], workload: Any, kw: dict) ->
                              f"ISL {workload.isl} / OSL {workload.osl}, medians of "
                              f"{repeat} repeats")
         lines += [f"![fidelity]({plot.relative_to(run_dir)})", ""]
+    waits = target_wait_notes([(f"{name}, repeat {k}", lv) for name in ("target", "target-disagg")
+                               if name in repeats for k, lv in enumerate(repeats[name], start=1)])
+    if waits:
+        lines += [waits]
     lines += [f"Run directory: {run_dir} (`lab compare` overlays any repeat's sides).", ""]
     text = "\n".join(lines)
     (run_dir / "fidelity.md").write_text(text)

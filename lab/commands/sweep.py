@@ -467,35 +467,15 @@ async def _targeted(run_dir: Path, target: str, model: str, plan: SweepPlan, qui
                     server_pids: dict[str, int], remote: RemoteClients | None = None) -> None:
     from lab.load.sweep import LineProgress, SweepRunner
     from lab.sweep.leak_check import target_note
+    from lab.sweep.server_sampling import sampling_servers
 
     await _main_task_guard()
     progress = LineProgress(quiet=quiet)
     after_level = target_note(progress.done) if plan.client.cancels() is not None else None
-    if not server_pids:
+    async with sampling_servers(run_dir, server_pids) as samples:
         runner = SweepRunner(run_dir, target, model, plan, progress=progress,
-                             remote=remote, after_level=after_level)
+                             procs_samples=samples, remote=remote, after_level=after_level)
         await runner.run()
-        return
-    import psutil
-
-    from launch.process import ProcessView
-    from launch.sampler import Sampler
-
-    views = [ProcessView(name, "server", None, pid, None, "ready", 0,
-                         create_time=psutil.Process(pid).create_time())
-             for name, pid in server_pids.items()]
-    sampler = Sampler(lambda: views, run_dir / "procs.parquet", include_children=True)
-    runner = SweepRunner(run_dir, target, model, plan, progress=progress,
-                         procs_samples=sampler.samples_now, remote=remote,
-                         after_level=after_level)
-    async with asyncio.TaskGroup() as tg:
-        sampling = tg.create_task(sampler.run())
-        try:
-            await runner.run()
-        finally:
-            sampling.cancel()
-    sampler.sample_once()
-    await asyncio.to_thread(sampler.write)
 
 
 def run_target(run_dir: Path, target: str, model: str, plan: SweepPlan, settings: SweepSettings,

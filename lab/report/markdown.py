@@ -95,6 +95,12 @@ def _level_cell(r: pd.Series) -> str:
     return f"{rate:g}/s" if _isnum(rate) else str(int(r["concurrency"]))
 
 
+def _level_name(r: pd.Series) -> str:
+    """c=8 or 6.5/s: a level named in a sentence."""
+    rate = r.get("rate")
+    return f"{rate:g}/s" if _isnum(rate) else f"c={int(r['concurrency'])}"
+
+
 def results_table(levels: pd.DataFrame) -> str:
     return md_table(*results_rows(levels))
 
@@ -226,15 +232,23 @@ def client_table(levels: pd.DataFrame) -> str:
     return md_table(header, rows)
 
 
+#: a server process that waited for a CPU this share of the time it was runnable (wait / (CPU
+#: + wait)) at a level is named in the report: its timing there carries the machine's contention
+SERVER_WAIT_SHARE = 0.10
+
+
 def server_cpu_table(levels: pd.DataFrame) -> str | None:
     names = [c.split(":", 1)[1] for c in levels.columns if c.startswith("cpu_pct:")]
     if not names:
         return None
+    waits = [n for n in names if f"cpu_wait_pct:{n}" in levels]
     per = (cat.SERVER_CPU_MS_PER_REQ.col(), cat.SERVER_CPU_US_PER_TOKEN.col())
-    header = ["Conc", *[f"{n} CPU %" for n in names], *headings(per)]
+    header = ["Conc", *[f"{n} CPU %" for n in names], *[f"{n} CPU wait %" for n in waits],
+              *headings(per)]
     rows = []
     for _, r in levels.iterrows():
         rows.append([str(int(r["concurrency"])), *[fnum(r.get(f"cpu_pct:{n}"), 0) for n in names],
+                     *[fnum(r.get(f"cpu_wait_pct:{n}"), 0) for n in waits],
                      *[cell(r, c) for c in per]])
     table = md_table(header, rows)
     header2 = ["Process", *[f"c={int(c)}" for c in levels["concurrency"]]]
@@ -246,6 +260,51 @@ def server_cpu_table(levels: pd.DataFrame) -> str | None:
         rows2.append([f"{n} peak RSS MB",
                       *[fnum(v, 0) for v in levels.get(f"rss_peak_mb:{n}", [])]])
     return table + "\n\n" + md_table(header2, rows2)
+
+
+def server_wait_shares(levels: pd.DataFrame) -> dict[str, list[tuple[str, float]]]:
+    """Per sampled server process, (level, share) of every level: the share of the time it was
+    runnable that it spent waiting for a CPU, wait / (CPU + wait) (launch.sampler's run-queue
+    wait). Empty without the figure (no --server-pid, or a run from before the sampler read
+    it)."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for col in levels.columns:
+        if not col.startswith("cpu_wait_pct:"):
+            continue
+        name = col.split(":", 1)[1]
+        if f"cpu_pct:{name}" not in levels:
+            continue
+        wait, cpu = levels[col], levels[f"cpu_pct:{name}"]
+        share = wait / (wait + cpu).where(wait + cpu > 0)
+        out[name] = [(_level_name(r), float(v))
+                     for (_, r), v in zip(levels.iterrows(), share, strict=True) if v == v]
+    return out
+
+
+def waited_levels(levels: pd.DataFrame) -> list[str]:
+    """'NAME at c=8 (23%), c=32 (31%)' per server process that waited for a CPU for at least
+    SERVER_WAIT_SHARE of its runnable time at some level."""
+    return [f"{name} at " + ", ".join(f"{level} ({share:.0%})" for level, share in shares
+                                      if share >= SERVER_WAIT_SHARE)
+            for name, shares in server_wait_shares(levels).items()
+            if any(share >= SERVER_WAIT_SHARE for _, share in shares)]
+
+
+def server_wait_sentence(levels: pd.DataFrame) -> str | None:
+    """Says which server processes waited for a CPU for at least SERVER_WAIT_SHARE of the time
+    they were runnable, and at which levels; None without the figure."""
+    shares = server_wait_shares(levels)
+    if not shares:
+        return None
+    waited = waited_levels(levels)
+    if not waited:
+        most = max((v for pairs in shares.values() for _, v in pairs), default=0.0)
+        return (f"server CPU wait: no server process waited for a CPU {SERVER_WAIT_SHARE:.0%} "
+                f"of the time it was runnable (at most {most:.0%}).")
+    return ("server CPU wait: " + "; ".join(waited) + " of the time runnable was spent waiting "
+            "for a CPU: the machine's cores were shared (with the load client, or with the "
+            "server's own busy-polling processes), so the server's timing at those levels "
+            "carries that wait as well as its work.")
 
 
 def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Knee,
@@ -294,6 +353,9 @@ def build_report(*, title: str, setup: list[str], levels: pd.DataFrame, knee: Kn
     table = server_cpu_table(levels)
     if table:
         parts += [table, ""]
+        wait = server_wait_sentence(levels)
+        if wait:
+            parts += [wait, ""]
     else:
         parts += [server_cpu_note or "Per-process server CPU is absent for this run.", ""]
     parts += ["## Client health", "", client_table(levels), ""]

@@ -340,6 +340,18 @@ class TimingModel:
             return 0.0
         return max(self._request(prompt_tokens), 0.0) / self._prefill_div
 
+    def prompt_alone_ms(self, prompt_tokens: int, budget: int) -> float:
+        """Scaled time from a prompt's arrival at an idle engine to its first token: its
+        request latency, then its prefill in chunks of at most `budget` tokens, each pass
+        holding nothing else. The longest an engine works with requests in flight and no token
+        to show (launch.commands `stall_window_s`)."""
+        total, done = self.request_ms(prompt_tokens), 0
+        while done < prompt_tokens:
+            chunk = min(budget, prompt_tokens - done)
+            total += self.pass_ms(chunk, prefill_pairs(chunk, done), 1, 0, 0)
+            done += chunk
+        return total
+
     def request_parts_ms(self, prompt_tokens: int) -> tuple[float, float]:
         """`request_ms` split as the request's wait before it may be scheduled and its first
         token's wait after the pass that computed it (`request_after_share`)."""

@@ -38,7 +38,8 @@ LEVELS_CSV_METRIC_COLUMNS = {
     *(f"ttft_intended_ms_{s}" for s in ("avg", "p50", "p90", "p99", "max")),
     *(f"latency_intended_ms_{s}" for s in ("avg", "p50", "p90", "p99", "max")),
     "client_procs", "client_cpu_pct", "client_cpu_pct_max_proc", "client_cpu_ms_per_req",
-    "loop_lag_p99_ms", "loop_lag_max_ms", "server_cpu_pct", "server_cpu_ms_per_req",
+    "loop_lag_p99_ms", "loop_lag_max_ms", "server_cpu_pct", "server_cpu_wait_pct",
+    "server_cpu_ms_per_req",
     "server_cpu_us_per_token", "client_cpu_us_per_token", "total_cpu_us_per_token",
 }
 
@@ -53,7 +54,8 @@ def test_levels_csv_has_every_catalogue_column_under_its_old_name() -> None:
     assert _names(False) | _names(True) == LEVELS_CSV_METRIC_COLUMNS
     def procs(ms: range) -> pd.DataFrame:  # an engine at 50% sampled over `ms`
         return pd.DataFrame([{"t_ns": t * MS, "name": "engine-0", "role": "x", "pid": 1,
-                              "cpu_pct": 50.0, "rss_bytes": 1e6} for t in ms])
+                              "cpu_pct": 50.0, "cpu_wait_pct": 5.0, "rss_bytes": 1e6}
+                             for t in ms])
 
     client = {"cpu_s": 0.01, "procs": 1, "cpu_pct": 3.0, "cpu_pct_max_proc": 3.0,
               "cpu_ms_per_request": 1.0, "loop_lag_p99_ms": 1.0, "loop_lag_max_ms": 2.0}

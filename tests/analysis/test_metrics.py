@@ -167,3 +167,21 @@ def test_levels_and_repeats() -> None:
     assert list(table["concurrency"]) == [2, 4]
     assert table.loc[0, "repeats"] == 2 and table.loc[0, "failed"] == 4
     assert table.loc[0, "errors"] == "4 (http_503: 2, stream_error: 2)"
+
+
+def test_server_cpu_wait_over_the_window_and_summed() -> None:
+    """cpu_wait_pct (launch.sampler's run-queue wait) is weighted over the window as cpu_pct
+    is, per process, and summed into server_cpu_wait_pct; a run without the column has none."""
+    procs = pd.DataFrame([
+        {"t_ns": t * MS, "name": name, "role": "x", "pid": pid, "cpu_pct": 50.0,
+         "cpu_wait_pct": wait, "rss_bytes": 1e6}
+        for t, name, pid, wait in [(0, "engine", 1, 999), (15, "engine", 1, 20),
+                                   (30, "engine", 1, 40), (45, "engine", 1, 10),
+                                   (0, "frontend", 2, 999), (45, "frontend", 2, 5)]
+    ])
+    row = level_summary(frame(), procs=procs)
+    assert row["cpu_wait_pct:engine"] == pytest.approx((5 * 20 + 15 * 40 + 10 * 10) / 30)
+    assert row["cpu_wait_pct:frontend"] == pytest.approx(5)
+    assert row["server_cpu_wait_pct"] == pytest.approx(row["cpu_wait_pct:engine"] + 5)
+    old = level_summary(frame(), procs=procs.drop(columns=["cpu_wait_pct"]))
+    assert "server_cpu_wait_pct" not in old and "cpu_wait_pct:engine" not in old

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -24,8 +25,16 @@ VERDICTS = {"within 5%", "within 10%", "off"}
 def test_fidelity_compares_level_by_level(true_target: str, true_engine_args: Path,
                                           tmp_path: Path) -> None:
     out = tmp_path / "fid"
-    proc = lab("fidelity", "--target", true_target, "--engine-args", str(true_engine_args),
-               "--with-defaults", *SMALL, "--out", str(out))
+    # --server-pid: a process that sleeps stands for a target's process, sampled in the
+    # target's sweeps (its CPU wait: launch.sampler; tests/launch/test_sampler_wait.py)
+    idle = subprocess.Popen(["sleep", "300"])
+    try:
+        proc = lab("fidelity", "--target", true_target, "--engine-args", str(true_engine_args),
+                   "--with-defaults", *SMALL, "--server-pid", f"idle={idle.pid}",
+                   "--out", str(out))
+    finally:
+        idle.kill()
+        idle.wait()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "launching the lab stack" in proc.stderr and "c=4:" in proc.stderr  # progress
     gaps = json.loads((out / "fidelity.json").read_text())["gaps"]
@@ -50,6 +59,9 @@ def test_fidelity_compares_level_by_level(true_target: str, true_engine_args: Pa
     assert all(defaults[c, "itl_ms_p50"]["verdict"] == "off" for c in (1, 4)), defaults
     md = (out / "fidelity.md").read_text()
     assert "| 4 | ITL p50 (ms) |" in md and "lab defaults" in md
+    assert levels["target"]["cpu_wait_pct:idle"].notna().all()
+    assert "cpu_wait_pct:idle" not in levels["lab"]
+    assert "## The target's CPU wait" in md and "No sampled target process reached 10%" in md
     assert "| 4 | TTFT mean (ms) |" in md and (4, "ttft_ms_avg") in by  # beside the p50
 
 

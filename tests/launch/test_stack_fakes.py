@@ -252,7 +252,8 @@ async def test_sampler_and_config(tmp_path: Path, fakes: Programs) -> None:
     assert {"engine-0", "sidecar-0", "frontend"} <= names
     assert all(s["rss_bytes"] > 1_000_000 and s["cpu_pct"] >= 0 for s in samples)
     frame = pd.read_parquet(run_dir / "procs.parquet")
-    assert list(frame.columns) == ["t_ns", "wall", "name", "role", "pid", "cpu_pct", "rss_bytes"]
+    assert list(frame.columns) == ["t_ns", "wall", "name", "role", "pid", "cpu_pct",
+                                   "cpu_wait_pct", "rss_bytes"]
     assert len(frame) >= len(samples)
     assert set(frame["role"]) == {"engine", "sidecar", "frontend"}
     config = json.loads((run_dir / "config.json").read_text())

@@ -44,6 +44,9 @@ def test_sweep_against_vllm_is_exact(vllm_server: VllmServer, tokenizer_dir: Pat
     procs = pd.read_parquet(out / "procs.parquet")
     assert set(procs["name"]) == set(pids)
     assert procs.groupby("name")["cpu_pct"].max()["worker"] > 0
+    # and how long each waited for a core (the run-queue wait, launch.sampler)
+    assert procs["cpu_wait_pct"].notna().all()
+    assert "worker CPU wait %" in (out / "report.md").read_text()
     health = json.loads((out / "client.json").read_text())
     assert sorted(health) == ["1/0", "8/0"] and all("resends" in h for h in health.values())
     assert psutil.pid_exists(vllm_server.pid)

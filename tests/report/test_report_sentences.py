@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lab.report.build import _setup_lines
-from lab.report.markdown import client_sentence, delivery_sentence
+from lab.report.markdown import client_sentence, delivery_sentence, server_wait_sentence
 
 
 def _levels(lag_ms: float, ttft_ms: float, cpu_pct: float = 20.0,
@@ -60,3 +60,19 @@ def test_the_delivery_sentence_names_an_open_loop_level_by_its_rate() -> None:
     text = delivery_sentence(levels, None)
     assert "above one token per event at rate=7/s (1.40):" in text
     assert "c=0" not in text
+
+
+def test_server_wait_names_each_process_and_level_past_the_share() -> None:
+    levels = pd.DataFrame([
+        {"concurrency": 1, "cpu_pct:worker": 90.0, "cpu_wait_pct:worker": 5.0,
+         "cpu_pct:frontend": 10.0, "cpu_wait_pct:frontend": 1.0},
+        {"concurrency": 8, "cpu_pct:worker": 75.0, "cpu_wait_pct:worker": 25.0,
+         "cpu_pct:frontend": 30.0, "cpu_wait_pct:frontend": 2.0}])
+    text = server_wait_sentence(levels)
+    assert text is not None and text.startswith("server CPU wait: worker at c=8 (25%) of")
+    assert "frontend" not in text and "c=1" not in text
+    calm = levels.assign(**{"cpu_wait_pct:worker": [5.0, 5.0]})
+    assert server_wait_sentence(calm) == ("server CPU wait: no server process waited for a CPU "
+                                          "10% of the time it was runnable (at most 9%).")
+    assert server_wait_sentence(levels.drop(columns=["cpu_wait_pct:worker",
+                                                     "cpu_wait_pct:frontend"])) is None
