@@ -19,7 +19,7 @@ from lab.shared.config_cli import MAX_SECONDS
 from lab.shared.engine_settings import DEFAULT_CONTEXT_LENGTH, EngineSettings
 from lab.shared.frontend_settings import FrontendSettings
 from lab.shared.reasoning import REASONING_PARSERS, engine_args_reason
-from lab.shared.settings import SidecarTiming
+from lab.shared.settings import CANARY_PROMPT, SidecarTiming
 from lab.shared.sidecar_settings import SidecarSettings
 from launch.topology import FleetSpec, TopologySpec
 
@@ -127,8 +127,6 @@ def stall_window_s(fleet: FleetSpec) -> float:
 def probe_timeout_s(fleet: FleetSpec) -> float:
     """The bound of the sidecar's readiness probe (a canary generation of CANARY_PROMPT): the
     default, or STALL_MARGIN times the canary's first token on `fleet`'s engine."""
-    from lab.serve.sidecar.progress import CANARY_PROMPT
-
     return _at_least(SidecarTiming.probe_timeout_s, _silence_s(fleet, len(CANARY_PROMPT)))
 
 

@@ -66,6 +66,11 @@ class DiscoveryTiming:
     ttl_s: float = 10.0
 
 
+#: The sidecar's readiness canary's prompt (lab.serve.sidecar.progress): two ordinary token ids
+#: (1000 + BLAKE3(word) mod 31000 range). Its length bounds the probe (launch.commands).
+CANARY_PROMPT = (1000, 1001)
+
+
 @dataclass(frozen=True)
 class SidecarTiming:
     grace_period_s: float = 5.0

@@ -35,11 +35,10 @@ import time
 import grpc
 
 from lab.serve.sidecar.convert import EngineFacts, build_generate_request
+from lab.shared.settings import CANARY_PROMPT
 
 log = logging.getLogger("lab.sidecar")
 
-#: The canary's prompt: two ordinary token ids (1000 + BLAKE3(word) mod 31000 range).
-CANARY_PROMPT = (1000, 1001)
 
 
 class MessageCounter:
