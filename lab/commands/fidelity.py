@@ -553,11 +553,11 @@ def target_wait_notes(sweeps: list[tuple[str, pd.DataFrame]]) -> str:
     machine's. Empty without sampled processes."""
     from lab.report.markdown import SERVER_WAIT_SHARE, server_wait_shares, waited_levels
 
-    sampled = [(where, lv) for where, lv in sweeps if server_wait_shares(lv)]
+    sampled = [(where, shares) for where, lv in sweeps if (shares := server_wait_shares(lv))]
     if not sampled:
         return ""
     notes = [f"* {where}: " + "; ".join(waited)
-             for where, lv in sampled if (waited := waited_levels(lv))]
+             for where, shares in sampled if (waited := waited_levels(shares))]
     head = ["", "## The target's CPU wait", "",
             "Share of the time runnable that a sampled target process (--server-pid) spent "
             "waiting for a CPU (run-queue wait / (CPU + wait)), where it reached "

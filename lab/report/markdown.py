@@ -97,8 +97,7 @@ def _level_cell(r: pd.Series) -> str:
 
 def _level_name(r: pd.Series) -> str:
     """c=8 or 6.5/s: a level named in a sentence."""
-    rate = r.get("rate")
-    return f"{rate:g}/s" if _isnum(rate) else f"c={int(r['concurrency'])}"
+    return _level_cell(r) if _isnum(r.get("rate")) else f"c={_level_cell(r)}"
 
 
 def results_table(levels: pd.DataFrame) -> str:
@@ -281,13 +280,15 @@ def server_wait_shares(levels: pd.DataFrame) -> dict[str, list[tuple[str, float]
     return out
 
 
-def waited_levels(levels: pd.DataFrame) -> list[str]:
-    """'NAME at c=8 (23%), c=32 (31%)' per server process that waited for a CPU for at least
-    SERVER_WAIT_SHARE of its runnable time at some level."""
-    return [f"{name} at " + ", ".join(f"{level} ({share:.0%})" for level, share in shares
-                                      if share >= SERVER_WAIT_SHARE)
-            for name, shares in server_wait_shares(levels).items()
-            if any(share >= SERVER_WAIT_SHARE for _, share in shares)]
+def waited_levels(shares: dict[str, list[tuple[str, float]]]) -> list[str]:
+    """'NAME at c=8 (23%), c=32 (31%)' per server process of `shares` (`server_wait_shares`)
+    that waited for a CPU for at least SERVER_WAIT_SHARE of its runnable time at some level."""
+    out = []
+    for name, pairs in shares.items():
+        past = [f"{level} ({share:.0%})" for level, share in pairs if share >= SERVER_WAIT_SHARE]
+        if past:
+            out.append(f"{name} at " + ", ".join(past))
+    return out
 
 
 def server_wait_sentence(levels: pd.DataFrame) -> str | None:
@@ -296,7 +297,7 @@ def server_wait_sentence(levels: pd.DataFrame) -> str | None:
     shares = server_wait_shares(levels)
     if not shares:
         return None
-    waited = waited_levels(levels)
+    waited = waited_levels(shares)
     if not waited:
         most = max((v for pairs in shares.values() for _, v in pairs), default=0.0)
         return (f"server CPU wait: no server process waited for a CPU {SERVER_WAIT_SHARE:.0%} "

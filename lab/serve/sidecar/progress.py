@@ -40,7 +40,6 @@ from lab.shared.settings import CANARY_PROMPT
 log = logging.getLogger("lab.sidecar")
 
 
-
 class MessageCounter:
     """Counts Generate messages received across all streams (bumped on the request path)."""
 
